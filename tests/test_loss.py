@@ -1,0 +1,241 @@
+"""Renormalisation over the kept tokens, through verl's real ``ppo_loss`` / ``agg_loss`` (stapo/loss.py).
+
+``run_engine_minibatch`` does for one PPO mini-batch what verl's FSDP engine (``forward_backward_batch``) does
+around the loss function: count the loss-mask tokens of the mini-batch, all-reduce that count over the
+data-parallel group, split into micro-batches, call ``loss_function(model_output=..., data=..., dp_group=...)``
+on each and accumulate. The FSDP model itself cannot run on CPU in verl 0.9.1, so the "model output" is a leaf
+tensor of current-policy log-probs (and entropies), which makes the gradient per token directly visible.
+"""
+
+import functools
+import math
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from tensordict import TensorDict
+from verl.utils import tensordict_utils as tu
+from verl.utils.config import omega_conf_to_dataclass
+from verl.workers.utils.losses import ppo_loss
+
+from stapo.config import StapoConfig
+from stapo.loss import stapo_loss
+from stapo.s2t import s2t_mask
+
+PROMPT_LENS = [3, 2, 4, 2, 3, 5]
+RESP_LENS = [5, 3, 6, 4, 2, 6]
+ADV = [1.5, -0.5, 0.8, 1.2, 0.0, -1.0]
+
+
+@functools.cache
+def actor_config():
+    """The actor section of the recipe's STAPO config, as verl's own dataclass (clip 0.8/1.28, token-mean)."""
+    from hydra import compose, initialize_config_module
+
+    with initialize_config_module(config_module="stapo.configs", version_base=None):
+        cfg = compose(config_name="stapo")
+    return omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+
+
+def nested(rows, dtype=torch.float32):
+    return torch.nested.as_nested_tensor([torch.as_tensor(r, dtype=dtype) for r in rows], layout=torch.jagged)
+
+
+def make_batch(mask_rows, seed=0):
+    """A mini-batch as the actor worker sees it (nested TransferQueue fields) plus the policy's outputs."""
+    gen = torch.Generator().manual_seed(seed)
+    old = [-3 * torch.rand(n, generator=gen) - 0.05 for n in RESP_LENS]
+    cur = [o + torch.rand(n, generator=gen) - 0.5 for o, n in zip(old, RESP_LENS)]  # ratios in [0.6, 1.65]
+    ent = [2 * torch.rand(n, generator=gen) for n in RESP_LENS]
+    data = TensorDict(
+        {
+            "prompts": nested([torch.ones(p) for p in PROMPT_LENS], torch.int64),
+            "responses": nested([torch.ones(r) for r in RESP_LENS], torch.int64),
+            "response_mask": nested(mask_rows, torch.int64),
+            "old_log_probs": nested(old),
+            "advantages": nested([[a] * r for a, r in zip(ADV, RESP_LENS)]),
+        },
+        batch_size=[len(RESP_LENS)],
+    )
+    return data, cur, ent
+
+
+def full_sequence(values, rows):
+    """Flat per-token model output over prompt+response, as the engine returns it (response shifted by one)."""
+    out = []
+    for i in rows:
+        seq = torch.zeros(PROMPT_LENS[i] + RESP_LENS[i])
+        seq = torch.cat([seq[: PROMPT_LENS[i] - 1], values[i], seq[-1:]])
+        out.append(seq)
+    return torch.cat(out)
+
+
+def run_engine_minibatch(loss_fn, data, cur, ent, rows, micro_splits, group=None):
+    """verl's forward_backward_batch for the rows of one rank; returns (summed loss, grads of cur per row)."""
+    local = tu.index_select_tensor_dict(data, torch.tensor(rows))
+    count = torch.tensor(int(local["response_mask"].values().sum()))
+    if group is not None:
+        dist.all_reduce(count, group=group)
+    dp_size = dist.get_world_size(group) if group is not None else 1
+    tu.assign_non_tensor(local, batch_num_tokens=int(count), dp_size=dp_size, global_batch_size=len(RESP_LENS))
+    leaves = {i: cur[i].clone().requires_grad_(True) for i in rows}
+    total = torch.zeros(())
+    for split in micro_splits:
+        idx = [rows[j] for j in split]
+        micro = tu.index_select_tensor_dict(local, torch.tensor(split))
+        output = {
+            "log_probs": full_sequence({i: leaves[i] for i in idx}, idx),
+            "entropy": full_sequence({i: ent[i] for i in idx}, idx),
+        }
+        loss, _ = loss_fn(model_output=output, data=micro, dp_group=group)
+        loss.backward()
+        total = total + loss.detach()
+    return total, {i: leaves[i].grad for i in rows}
+
+
+def hand_loss(keep_rows, cur, data, cfg):
+    """STAPO objective: Σ_kept clipped surrogate / #kept (paper eq. J_STAPO, dual clip as in verl)."""
+    old = [r for r in data["old_log_probs"].unbind()]
+    num, kept = 0.0, 0
+    for i, keep in enumerate(keep_rows):
+        for t, k in enumerate(keep):
+            if not k:
+                continue
+            r, a = math.exp(cur[i][t] - old[i][t]), ADV[i]
+            loss = max(-r * a, -min(max(r, 1 - cfg.clip_ratio_low), 1 + cfg.clip_ratio_high) * a)
+            if a < 0:
+                loss = min(loss, -cfg.clip_ratio_c * a)
+            num, kept = num + loss, kept + 1
+    return num / kept
+
+
+def folded_mask():
+    """Response mask with some interior tokens silenced (as the driver folds the S2T mask)."""
+    rows = [[1] * n for n in RESP_LENS]
+    for i, t in [(0, 1), (0, 3), (2, 0), (2, 5), (3, 2)]:
+        rows[i][t] = 0
+    return rows
+
+
+OLD = functools.partial(stapo_loss, stapo=StapoConfig(mask="s2t"))
+
+
+@pytest.mark.parametrize("splits", [[[0, 1, 2, 3, 4, 5]], [[0], [1, 2], [3, 4, 5]], [[0, 5], [1, 2, 3, 4]]])
+@pytest.mark.parametrize("loss", ["ppo_loss", "stapo_loss"])
+def test_token_mean_over_kept_tokens_for_any_micro_split(splits, loss):
+    cfg = actor_config()
+    fn = functools.partial(ppo_loss if loss == "ppo_loss" else OLD, config=cfg)
+    mask = folded_mask()
+    data, cur, ent = make_batch(mask)
+    total, grads = run_engine_minibatch(fn, data, cur, ent, list(range(6)), splits)
+    assert total.item() == pytest.approx(hand_loss(mask, cur, data, cfg), rel=1e-5)
+    for i, row in enumerate(mask):
+        for t, k in enumerate(row):
+            if not k:
+                assert grads[i][t] == 0.0  # a silenced token contributes nothing to the update
+    assert any(g.abs().sum() > 0 for g in grads.values())
+
+
+def test_all_masked_minibatch_gives_finite_zero_loss():
+    cfg = actor_config()
+    data, cur, ent = make_batch([[0] * n for n in RESP_LENS])
+    raw, _ = run_engine_minibatch(functools.partial(ppo_loss, config=cfg), data, cur, ent, list(range(6)), [[0, 1, 2], [3, 4, 5]])
+    assert torch.isnan(raw)  # what verl alone does: 0 / 0
+    total, grads = run_engine_minibatch(functools.partial(OLD, config=cfg), data, cur, ent, list(range(6)), [[0, 1, 2], [3, 4, 5]])
+    assert torch.isfinite(total) and total.item() == 0.0
+    assert all(torch.all(g == 0) for g in grads.values())
+
+
+def test_current_policy_mask_single_micro_batch_is_exact():
+    """policy_source=current with one micro-batch: the S2T mask of π_θ and an exact denominator."""
+    cfg = actor_config()
+    stapo = StapoConfig(mask="s2t", policy_source="current", tau_p=0.2, q=0.5)
+    data, cur, ent = make_batch([[1] * n for n in RESP_LENS])
+    keep, stats = s2t_mask(
+        pad(cur), pad(ent), pad([[a] * r for a, r in zip(ADV, RESP_LENS)]), pad([[1] * n for n in RESP_LENS]),
+        tau_p=stapo.tau_p, q=stapo.q,
+    )
+    assert stats["masked"] > 0
+    fn = functools.partial(stapo_loss, config=cfg, stapo=stapo)
+    total, grads = run_engine_minibatch(fn, data, cur, ent, list(range(6)), [[0, 1, 2, 3, 4, 5]])
+    keep_rows = [keep[i, :n].tolist() for i, n in enumerate(RESP_LENS)]
+    assert total.item() == pytest.approx(hand_loss(keep_rows, cur, data, cfg), rel=1e-5)
+    for i, row in enumerate(keep_rows):
+        assert all(grads[i][t] == 0 for t, k in enumerate(row) if not k)
+
+
+def pad(rows):
+    width = max(len(r) for r in rows)
+    return torch.stack([torch.nn.functional.pad(torch.as_tensor(r, dtype=torch.float32), (0, width - len(r))) for r in rows])
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_main(rank, port, mode, queue):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        cfg = actor_config()
+        if mode == "old":
+            mask = folded_mask()
+            fn = functools.partial(OLD, config=cfg)
+            splits = [[0], [1, 2]] if rank == 0 else [[0, 1], [2]]
+        else:
+            mask = [[1] * n for n in RESP_LENS]
+            stapo = StapoConfig(mask="s2t", policy_source="current", tau_p=0.2, q=0.5)
+            fn = functools.partial(stapo_loss, config=cfg, stapo=stapo)
+            splits = [[0, 1, 2]]  # one micro-batch per rank: the gathered quantile is the mini-batch's
+        data, cur, ent = make_batch(mask)
+        rows = [0, 1, 2] if rank == 0 else [3, 4, 5]  # verl hands each rank a contiguous chunk
+        total, grads = run_engine_minibatch(fn, data, cur, ent, rows, splits, group=dist.group.WORLD)
+        dist.all_reduce(total)  # FSDP averages over ranks; the loss is pre-scaled by dp_size
+        queue.put((rank, total.item() / 2, {i: g.tolist() for i, g in grads.items()}))
+    finally:
+        dist.destroy_process_group()
+
+
+def run_two_ranks(mode):
+    ctx = mp.get_context("spawn")
+    queue, port = ctx.Queue(), _free_port()
+    procs = [ctx.Process(target=_rank_main, args=(r, port, mode, queue)) for r in range(2)]
+    for p in procs:
+        p.start()
+    results = [queue.get(timeout=240) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    return results
+
+
+def test_two_gloo_ranks_old_policy_mask_matches_single_process():
+    cfg = actor_config()
+    mask = folded_mask()
+    data, cur, _ = make_batch(mask)
+    expected = hand_loss(mask, cur, data, cfg)
+    for _, loss, grads in run_two_ranks("old"):
+        assert loss == pytest.approx(expected, rel=1e-5)
+        for i, g in grads.items():
+            assert all(g[t] == 0 for t, k in enumerate(mask[i]) if not k)
+
+
+def test_two_gloo_ranks_current_policy_mask_uses_the_gathered_quantile():
+    cfg = actor_config()
+    data, cur, ent = make_batch([[1] * n for n in RESP_LENS])
+    keep, stats = s2t_mask(
+        pad(cur), pad(ent), pad([[a] * r for a, r in zip(ADV, RESP_LENS)]), pad([[1] * n for n in RESP_LENS]),
+        tau_p=0.2, q=0.5,
+    )
+    keep_rows = [keep[i, :n].tolist() for i, n in enumerate(RESP_LENS)]
+    expected = hand_loss(keep_rows, cur, data, cfg)
+    assert stats["masked"] > 0
+    for _, loss, grads in run_two_ranks("current"):
+        assert loss == pytest.approx(expected, rel=1e-5)
+        for i, g in grads.items():
+            assert all(g[t] == 0 for t, k in enumerate(keep_rows[i]) if not k)

@@ -1,0 +1,188 @@
+"""The driver-side hook in verl's real V1 trainer, with a real Ray + TransferQueue and verl's data classes.
+
+Stand-in: only the actor worker group (``actor_rollout_wg``), whose FSDP workers need GPUs. It does what verl's
+dispatch and ``TrainingWorker.train_mini_batch`` do with the batch (``KVBatchMeta.chunk`` over data-parallel ranks,
+``tensordict_utils.make_iterator`` per rank), reads the response mask from TransferQueue as the workers would, and
+records each mini-batch it would train on.
+"""
+
+import functools
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+ray = pytest.importorskip("ray")
+tq = pytest.importorskip("transfer_queue")
+
+from omegaconf import OmegaConf  # noqa: E402
+from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync  # noqa: E402
+from verl.utils import tensordict_utils as tu  # noqa: E402
+
+from stapo.config import validate_training_config  # noqa: E402
+from stapo.loss import stapo_loss  # noqa: E402
+from stapo.s2t import s2t_mask  # noqa: E402
+from stapo.trainer import STAPOTrainer, minibatch_rows  # noqa: E402
+
+N_ROWS, DP = 16, 2
+MINI_PROMPTS, ROLLOUT_N = 2, 2  # PPO mini-batch of 4 responses: 4 mini-batches, 2 rows per rank each
+
+
+@pytest.fixture(scope="module")
+def transfer_queue():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    tq.init(OmegaConf.create({"backend": {"SimpleStorage": {"num_data_storage_units": 1, "total_storage_size": 1000}}}))
+    yield
+    tq.close()
+    ray.shutdown()
+
+
+def compose(*overrides):
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_module
+
+    with initialize_config_module(config_module="stapo.configs", version_base=None):
+        return hydra_compose(
+            config_name="stapo",
+            overrides=[
+                f"actor_rollout_ref.actor.ppo_mini_batch_size={MINI_PROMPTS}",
+                f"actor_rollout_ref.rollout.n={ROLLOUT_N}",
+                "actor_rollout_ref.actor.shuffle=True",
+                *overrides,
+            ],
+        )
+
+
+class StandInActorWorkerGroup:
+    """Replaces the GPU worker group: splits like verl and records what each mini-batch would train on."""
+
+    def __init__(self, update_metrics=None):
+        self._dispatch_info = {"actor": list(range(DP))}
+        self.seen = []
+        self.loss_fn = None
+        self.update_metrics = update_metrics or {}
+
+    def update_actor(self, batch):
+        info = batch.extra_info
+        per_rank = []
+        for rank, chunk in enumerate(batch.chunk(DP)):
+            data = tq.kv_batch_get(keys=chunk.keys, partition_id=chunk.partition_id)
+            it = tu.make_iterator(
+                data, mini_batch_size=info["mini_batch_size"] // DP, epochs=info["epochs"],
+                seed=info["seed"] + rank, dataloader_kwargs=info["dataloader_kwargs"],
+            )
+            per_rank.append(list(it))
+        for parts in zip(*per_rank):  # mini-batch j = the j-th local mini-batch of every rank
+            self.seen.append([p.to_padded_tensor() for p in parts])
+        return {"metrics": {"mfu": 0.0, "pg_loss": 0.5, **self.update_metrics}}
+
+    def set_loss_fn(self, fn):
+        self.loss_fn = fn
+
+
+def put_batch(seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    lens = torch.randint(3, 9, (N_ROWS,), generator=gen).tolist()
+    adv = torch.randn(N_ROWS, generator=gen)
+    fields = TensorDict(
+        {
+            "response_mask": nested([torch.ones(n, dtype=torch.int64) for n in lens]),
+            # p ~ 1e-3 .. 1e-2: about half of the tokens are below tau_p = 0.002
+            "old_log_probs": nested([-4.6 - 2.3 * torch.rand(n, generator=gen) for n in lens]),
+            "entropy": nested([torch.rand(n, generator=gen) * 3 for n in lens]),
+            "advantages": nested([torch.full((n,), float(a)) for n, a in zip(lens, adv)]),
+            "row": torch.arange(N_ROWS),
+        },
+        batch_size=[N_ROWS],
+    )
+    keys = [f"s{seed}_{i}" for i in range(N_ROWS)]
+    return tq.kv_batch_put(keys=keys, partition_id="train", fields=fields, tags=[{"seq_len": n} for n in lens])
+
+
+def nested(rows):
+    return torch.nested.as_nested_tensor(rows, layout=torch.jagged)
+
+
+def make_trainer(config, wg):
+    trainer = STAPOTrainer.__new__(STAPOTrainer)  # no __init__: it would start Ray worker groups on GPUs
+    trainer.config = config
+    trainer.stapo = validate_training_config(config)
+    trainer.actor_rollout_wg = wg
+    return trainer
+
+
+def test_mask_reaches_the_update_per_minibatch_and_is_restored(transfer_queue):
+    config = compose()
+    wg = StandInActorWorkerGroup()
+    trainer = make_trainer(config, wg)
+    batch = put_batch()
+    before = tq.kv_batch_get(keys=batch.keys, partition_id="train").to_padded_tensor()
+    metrics = {}
+    trainer._update_actor(batch, metrics)
+
+    assert len(wg.seen) == N_ROWS // (MINI_PROMPTS * ROLLOUT_N)
+    masked_total = 0
+    for parts in wg.seen:
+        rows = torch.cat([p["row"] for p in parts])
+        trained = torch.cat([pad_to(p["response_mask"]) for p in parts])
+        # what the workers train on == S2T over exactly this mini-batch, from the rollout's own mask
+        expected, stats = s2t_mask(*(pad_to(before[k])[rows] for k in ("old_log_probs", "entropy", "advantages", "response_mask")))
+        assert torch.equal(trained, expected)
+        masked_total += stats["masked"]
+    assert masked_total > 0
+
+    after = tq.kv_batch_get(keys=batch.keys, partition_id="train").to_padded_tensor()
+    assert torch.equal(after["response_mask"], before["response_mask"])  # restored for metrics and logging
+    assert metrics["stapo/masked_tokens"] == masked_total
+    assert metrics["stapo/masked_frac"] == pytest.approx(masked_total / int(before["response_mask"].sum()))
+    assert {"stapo/candidate_frac", "stapo/entropy_threshold", "stapo/pos_adv_frac", "stapo/low_prob_frac",
+            "stapo/low_entropy_frac", "actor/pg_loss"} <= set(metrics)
+
+
+def pad_to(x, width=8):
+    return torch.nn.functional.pad(x, (0, width - x.shape[1]))
+
+
+def test_minibatch_rows_follows_verl_split():
+    rows = minibatch_rows(16, dp_size=2, mini_batch_size=4, shuffle=False, seed=42)
+    assert [r.tolist() for r in rows] == [[0, 1, 8, 9], [2, 3, 10, 11], [4, 5, 12, 13], [6, 7, 14, 15]]
+    shuffled = minibatch_rows(16, dp_size=2, mini_batch_size=4, shuffle=True, seed=42)
+    assert sorted(torch.cat(shuffled).tolist()) == list(range(16))
+    assert all(sum(r < 8 for r in g.tolist()) == 2 for g in shuffled)  # two rows from each rank's chunk
+    assert [r.tolist() for r in shuffled] != [r.tolist() for r in rows]
+    with pytest.raises(ValueError, match="dp size"):
+        minibatch_rows(15, dp_size=2, mini_batch_size=4, shuffle=False, seed=0)
+
+
+def test_no_mask_for_baselines_and_current_policy_metrics_renamed(transfer_queue):
+    config = compose("stapo.mask=none")
+    wg = StandInActorWorkerGroup()
+    batch = put_batch(seed=1)
+    metrics = {}
+    make_trainer(config, wg)._update_actor(batch, metrics)
+    assert not any(k.startswith("stapo/") for k in metrics)
+    original = pad_to(tq.kv_batch_get(keys=batch.keys, partition_id="train").to_padded_tensor()["response_mask"])
+    assert all(torch.equal(pad_to(p["response_mask"]), original[p["row"]]) for parts in wg.seen for p in parts)
+
+    config = compose("stapo.policy_source=current", "actor_rollout_ref.actor.calculate_entropy=True")
+    wg = StandInActorWorkerGroup(update_metrics={"stapo/masked_frac": 0.25})
+    metrics = {}
+    make_trainer(config, wg)._update_actor(put_batch(seed=2), metrics)
+    assert metrics["stapo/masked_frac"] == 0.25 and "actor/stapo/masked_frac" not in metrics
+
+
+def test_setup_installs_the_stapo_loss_and_fails_fast(monkeypatch):
+    monkeypatch.setattr(PPOTrainerSync, "_setup", lambda self: None)  # builds the GPU worker groups
+    wg = StandInActorWorkerGroup()
+    trainer = make_trainer(compose(), wg)
+    trainer._setup()
+    assert isinstance(wg.loss_fn, functools.partial) and wg.loss_fn.func is stapo_loss
+    assert wg.loss_fn.keywords["stapo"].mask == "s2t"
+    assert wg.loss_fn.keywords["config"].clip_ratio_high == pytest.approx(0.28)
+
+    def broken(fn):
+        raise ModuleNotFoundError("No module named 'stapo'")
+
+    wg.set_loss_fn = broken
+    with pytest.raises(RuntimeError, match="pip install"):
+        trainer._setup()
