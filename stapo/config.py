@@ -8,8 +8,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
+from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
+
+_HERE = Path(__file__).resolve().parent
+# The recipe's Hydra configs: shipped inside the wheel as stapo/configs, the top-level configs/ in a checkout.
+CONFIG_DIR = next(p for p in (_HERE / "configs", _HERE.parent / "configs") if (p / "base.yaml").is_file())
 
 TRAINER_MODE = "stapo_sync"
 MASKS = ("none", "s2t", "top_entropy")

@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 from tensordict import TensorDict
 
+from stapo import audit
 from stapo.config import StapoConfig
 from stapo.s2t import entropy_quantile, s2t_mask, summarize_mask_stats, top_entropy_mask, top_k_threshold
 
@@ -46,6 +47,8 @@ def stapo_loss(config, model_output, data: TensorDict, dp_group=None, *, stapo: 
         # Every token of the mini-batch is silenced: Σ I = 0, the objective is empty; 0 (no gradient), not NaN.
         tu.assign_non_tensor(data, batch_num_tokens=1)
     loss, loss_metrics = ppo_loss(config, model_output, data, dp_group)
+    if audit.enabled():
+        audit.write("loss", audit.loss_record(loss, model_output, data, dp_group))
     loss_metrics.update(
         {
             key: Metric(value=value, aggregation=AggregationType.SUM if key.endswith("_tokens") else AggregationType.MEAN)

@@ -13,7 +13,7 @@ from importlib.metadata import entry_points
 import hydra
 from omegaconf import DictConfig
 
-from stapo.config import validate_training_config
+from stapo.config import CONFIG_DIR, validate_training_config
 
 PLUGIN_ENTRY_POINT = "stapo"
 
@@ -48,7 +48,7 @@ def run(config: DictConfig) -> None:
     run_ppo(config, task_runner_class=TaskRunnerV1)
 
 
-@hydra.main(config_path="pkg://stapo.configs", config_name="stapo", version_base=None)
+@hydra.main(config_path=str(CONFIG_DIR), config_name="stapo", version_base=None)
 def main(config: DictConfig) -> None:
     run(config)
 

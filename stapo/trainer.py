@@ -27,6 +27,7 @@ from verl.utils import tensordict_utils as tu
 from verl.utils.config import omega_conf_to_dataclass
 from verl.workers.utils.padding import response_to_nested
 
+from stapo import audit
 from stapo.config import TRAINER_MODE, validate_training_config
 from stapo.loss import stapo_loss
 from stapo.s2t import mask_for_update
@@ -105,12 +106,27 @@ class STAPOTrainer(PPOTrainerSync):
             top_entropy_ratio=self.stapo.top_entropy_ratio,
         )
         self._put_response_mask(batch, response_to_nested(keep, original_mask))
+        if audit.enabled():
+            during = self._response_tokens(batch)
         try:
             batch = super()._update_actor(batch, metrics)
         finally:
             self._put_response_mask(batch, original_mask)
         metrics.update(mask_metrics)
+        if audit.enabled():
+            audit.write("driver", {
+                "step": self.global_steps,
+                "masked_tokens": int(mask_metrics["stapo/masked_tokens"]),
+                "response_tokens": int(padded["response_mask"].sum()),
+                "during_update": during,
+                "after_update": self._response_tokens(batch),
+            })
         return batch
+
+    @staticmethod
+    def _response_tokens(batch: KVBatchMeta) -> int:
+        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["response_mask"])
+        return int(data["response_mask"].values().sum())
 
     def _mask_groups(self, batch_size: int) -> list[torch.Tensor] | None:
         """The rows of each PPO mini-batch of this update (``None`` = the whole batch, ``quantile_scope: batch``)."""

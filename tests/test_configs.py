@@ -6,10 +6,10 @@ import subprocess
 import sys
 
 import pytest
-from hydra import compose, initialize_config_module
+from hydra import compose, initialize_config_dir
 from verl.utils.config import omega_conf_to_dataclass
 
-from stapo.config import StapoConfig, StapoConfigError, validate_training_config
+from stapo.config import CONFIG_DIR, StapoConfig, StapoConfigError, validate_training_config
 from stapo.train import validate
 
 METHODS = {"stapo": "s2t", "justrl": "none", "grpo": "none", "entropy20": "top_entropy"}
@@ -17,7 +17,7 @@ SIZES = {"qwen3_1.7b": "Qwen/Qwen3-1.7B-Base", "qwen3_8b": "Qwen/Qwen3-8B-Base",
 
 
 def load(name="stapo", *overrides):
-    with initialize_config_module(config_module="stapo.configs", version_base=None):
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
         return compose(config_name=name, overrides=list(overrides))
 
 

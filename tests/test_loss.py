@@ -21,7 +21,7 @@ from verl.utils import tensordict_utils as tu
 from verl.utils.config import omega_conf_to_dataclass
 from verl.workers.utils.losses import ppo_loss
 
-from stapo.config import StapoConfig
+from stapo.config import CONFIG_DIR, StapoConfig
 from stapo.loss import stapo_loss
 from stapo.s2t import s2t_mask
 
@@ -33,9 +33,9 @@ ADV = [1.5, -0.5, 0.8, 1.2, 0.0, -1.0]
 @functools.cache
 def actor_config():
     """The actor section of the recipe's STAPO config, as verl's own dataclass (clip 0.8/1.28, token-mean)."""
-    from hydra import compose, initialize_config_module
+    from hydra import compose, initialize_config_dir
 
-    with initialize_config_module(config_module="stapo.configs", version_base=None):
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
         cfg = compose(config_name="stapo")
     return omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
 

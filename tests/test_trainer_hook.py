@@ -19,7 +19,7 @@ from omegaconf import OmegaConf  # noqa: E402
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync  # noqa: E402
 from verl.utils import tensordict_utils as tu  # noqa: E402
 
-from stapo.config import validate_training_config  # noqa: E402
+from stapo.config import CONFIG_DIR, validate_training_config  # noqa: E402
 from stapo.loss import stapo_loss  # noqa: E402
 from stapo.s2t import s2t_mask  # noqa: E402
 from stapo.trainer import STAPOTrainer, minibatch_rows  # noqa: E402
@@ -39,9 +39,9 @@ def transfer_queue():
 
 def compose(*overrides):
     from hydra import compose as hydra_compose
-    from hydra import initialize_config_module
+    from hydra import initialize_config_dir
 
-    with initialize_config_module(config_module="stapo.configs", version_base=None):
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
         return hydra_compose(
             config_name="stapo",
             overrides=[

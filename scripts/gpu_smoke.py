@@ -1,0 +1,180 @@
+"""End-to-end GPU smoke of the recipe: JustRL and STAPO (both policy sources) through verl's real V1 trainer,
+vLLM rollouts and the FSDP engine, on a tiny random Qwen3 built here (no downloads), with audit mode on.
+
+    python scripts/gpu_smoke.py --out /tmp/smoke [--gpus 1] [--steps 4] [--methods justrl,stapo,stapo_current]
+
+It exits non-zero if any of these fails, for every STAPO run:
+  1. masked tokens exist whenever candidates exist (and candidates exist at least once);
+  2. silenced tokens get exactly zero gradient in the workers, kept ones do get gradient;
+  3. the loss denominator of every mini-batch equals its kept-token count over all data-parallel ranks;
+  4. the workers saw exactly the driver's silenced tokens, and the response mask is the original one after the
+     update (what verl's metrics and logs read).
+The reward is the fraction of digits in the response: continuous, so every group has positive and negative
+advantages.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+MICRO_PER_MINI = 2  # policy_source=old: two micro-batches per mini-batch and rank, to exercise accumulation
+
+
+def smoke_reward(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+    """verl custom reward: share of digit characters in the response (0 for an empty one)."""
+    return sum(c.isdigit() for c in solution_str) / max(len(solution_str), 1)
+
+
+def build_assets(out: Path) -> tuple[Path, Path]:
+    import pandas as pd
+
+    from stapo.tiny import build_model, build_tokenizer
+
+    problems = [f"Compute {a} * {b} + {a + b}." for a in range(2, 40) for b in range(3, 30)]
+    texts = [p + f" The answer is \\boxed{{{i}}}." for i, p in enumerate(problems)]
+    model_dir = out / "model"
+    build_model(build_tokenizer(texts, model_dir), model_dir)
+    rows = [
+        {
+            "data_source": "smoke",
+            "prompt": [{"role": "user", "content": p}],
+            "ability": "math",
+            "reward_model": {"style": "rule", "ground_truth": "0"},
+            "extra_info": {"index": i},
+        }
+        for i, p in enumerate(problems[:256])
+    ]
+    data = out / "train.parquet"
+    pd.DataFrame(rows).to_parquet(data)
+    return model_dir, data
+
+
+def overrides(method: str, model: Path, data: Path, gpus: int, steps: int, out: Path) -> list[str]:
+    batch, n, mini = 16, 4, 8  # 64 responses per step, 2 PPO mini-batches of 32
+    micro = mini * n // gpus if method == "stapo_current" else mini * n // gpus // MICRO_PER_MINI
+    args = [
+        f"data.train_files={data}", f"data.val_files={data}", f"data.train_batch_size={batch}",
+        "data.max_prompt_length=64", "data.max_response_length=64",
+        f"actor_rollout_ref.model.path={model}", "actor_rollout_ref.model.use_remove_padding=True",
+        "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=False",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={mini}", "actor_rollout_ref.actor.use_dynamic_bsz=False",
+        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro}", "actor_rollout_ref.actor.use_torch_compile=False",
+        "actor_rollout_ref.actor.optim.lr=1e-4",
+        f"actor_rollout_ref.rollout.n={n}", "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        "actor_rollout_ref.rollout.gpu_memory_utilization=0.3", "actor_rollout_ref.rollout.enforce_eager=True",
+        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={mini * n // gpus}",
+        "actor_rollout_ref.rollout.max_num_batched_tokens=4096",
+        f"reward.custom_reward_function.path={Path(__file__).resolve()}", "reward.custom_reward_function.name=smoke_reward",
+        "reward.num_workers=1",
+        f"trainer.n_gpus_per_node={gpus}", "trainer.nnodes=1", f"trainer.total_training_steps={steps}",
+        "trainer.val_before_train=False", "trainer.test_freq=-1", "trainer.save_freq=-1",
+        'trainer.logger=["console","file"]', f"trainer.default_local_dir={out / 'ckpt'}",
+        f"+ray_kwargs.ray_init.runtime_env.env_vars.STAPO_AUDIT_DIR={out / 'audit'}",
+        f"+ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH={out / 'metrics.jsonl'}",
+    ]
+    if method == "stapo_current":
+        args += ["stapo.policy_source=current", "actor_rollout_ref.actor.calculate_entropy=True",
+                 "actor_rollout_ref.actor.entropy_checkpointing=True"]
+    return args
+
+
+def run(method: str, model: Path, data: Path, gpus: int, steps: int, root: Path) -> tuple[Path, float]:
+    out = root / method
+    out.mkdir(parents=True, exist_ok=True)
+    config = "stapo" if method.startswith("stapo") else method
+    env = {**os.environ, "VERL_FILE_LOGGER_PATH": str(out / "metrics.jsonl"), "STAPO_AUDIT_DIR": str(out / "audit")}
+    cmd = [sys.executable, "-m", "stapo.train", f"--config-name={config}", *overrides(method, model, data, gpus, steps, out)]
+    start = time.time()
+    with open(out / "train.log", "w") as log:
+        proc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    if proc.returncode != 0:
+        tail = (out / "train.log").read_text()[-4000:]
+        raise SystemExit(f"{method}: training failed (exit {proc.returncode}); last log lines:\n{tail}")
+    return out, time.time() - start
+
+
+def read_jsonl(paths) -> list[dict]:
+    return [json.loads(line) for p in paths for line in Path(p).read_text().splitlines() if line.strip()]
+
+
+def check(method: str, out: Path, gpus: int) -> tuple[list[str], dict]:
+    """Violations of properties 1-4 (module docstring) for one run, and a summary."""
+    problems = []
+    steps = [r["data"] for r in read_jsonl([out / "metrics.jsonl"])]
+    steps = [s for s in steps if "actor/pg_loss" in s]
+    summary = {"steps": len(steps)}
+    if method == "justrl":
+        if any(k.startswith("stapo/") for s in steps for k in s):
+            problems.append("justrl logged stapo/* metrics: the mask ran in a baseline")
+        return problems, summary
+
+    cand = [s.get("stapo/candidate_tokens", 0) for s in steps]
+    masked = [s.get("stapo/masked_tokens", 0) for s in steps]
+    summary.update(candidates=cand, masked=masked, masked_frac=[round(s.get("stapo/masked_frac", 0), 4) for s in steps])
+    if not any(c > 0 for c in cand):
+        problems.append("no step had S2T candidates: the smoke proves nothing")
+    problems += [f"step {i + 1}: {c} candidates but nothing masked" for i, (c, m) in enumerate(zip(cand, masked)) if c > 0 and m == 0]
+
+    by_rank = defaultdict(list)
+    for r in read_jsonl(sorted((out / "audit").glob("loss-*.jsonl"))):
+        by_rank[r["rank"]].append(r)
+    if sorted(by_rank) != list(range(gpus)):
+        return problems + [f"loss audit from ranks {sorted(by_rank)}, expected {gpus}"], summary
+    records = [r for rs in by_rank.values() for r in rs]
+    if any(r["max_grad_silenced"] != 0.0 for r in records):
+        problems.append("a silenced token received gradient")
+    if not any(r["nonzero_grad_kept"] > 0 for r in records):
+        problems.append("no kept token received gradient")
+    # mini-batches: consecutive records of each rank, micro-batches per mini-batch as configured
+    per_mini = 1 if method == "stapo_current" else MICRO_PER_MINI
+    groups = zip(*[[rs[i : i + per_mini] for i in range(0, len(rs), per_mini)] for rs in by_rank.values()])
+    for j, group in enumerate(groups):
+        rows = [r for part in group for r in part]
+        kept = sum(r["kept_tokens"] for r in rows)
+        denominators = {r["batch_num_tokens"] for r in rows}
+        if denominators != {kept}:
+            problems.append(f"mini-batch {j}: denominators {sorted(denominators)} != kept tokens {kept}")
+    silenced = sum(r["silenced_tokens"] for r in records)
+    summary["worker_silenced"] = silenced
+    if method == "stapo":
+        driver = read_jsonl(sorted((out / "audit").glob("driver-*.jsonl")))
+        if silenced != sum(d["masked_tokens"] for d in driver):
+            problems.append(f"workers silenced {silenced} tokens, the driver {sum(d['masked_tokens'] for d in driver)}")
+        for d in driver:
+            if d["during_update"] != d["response_tokens"] - d["masked_tokens"]:
+                problems.append(f"step {d['step']}: workers saw {d['during_update']} tokens, expected "
+                                f"{d['response_tokens']} - {d['masked_tokens']}")
+            if d["after_update"] != d["response_tokens"]:
+                problems.append(f"step {d['step']}: response mask not restored ({d['after_update']} tokens)")
+    return problems, summary
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--gpus", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--methods", default="justrl,stapo,stapo_current")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    model, data = build_assets(args.out)
+    failed = False
+    for method in args.methods.split(","):
+        out, seconds = run(method, model, data, args.gpus, args.steps, args.out)
+        problems, summary = check(method, out, args.gpus)
+        print(json.dumps({"method": method, "gpus": args.gpus, "seconds": round(seconds), **summary,
+                          "problems": problems}), flush=True)
+        failed |= bool(problems)
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()

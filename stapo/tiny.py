@@ -1,0 +1,75 @@
+"""Tiny offline Qwen3 models and tokenizers, for smoke runs, tests and the quickstart (no hub downloads).
+
+The tokenizer is a byte-level BPE trained with the ``tokenizers`` library on the text it will see, wrapped as a
+Hugging Face fast tokenizer with Qwen's special tokens and chat template, so verl and vLLM treat it exactly like a
+Qwen3 tokenizer. The model is a randomly initialised ``Qwen3ForCausalLM`` of the requested width.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+# Qwen's chat template without tools or thinking: what verl applies to every prompt.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def build_tokenizer(texts: Iterable[str], out_dir: str | Path, vocab_size: int = 512):
+    """Train a byte-level BPE tokenizer on ``texts`` and save it (Hugging Face format) to ``out_dir``."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    hf = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=SPECIAL_TOKENS[1:],
+        chat_template=CHAT_TEMPLATE,
+        model_max_length=32768,
+    )
+    hf.save_pretrained(out_dir)
+    return hf
+
+
+def build_model(tokenizer, out_dir: str | Path, hidden_size: int = 256, num_layers: int = 2, seed: int = 0):
+    """A randomly initialised Qwen3 causal LM sized for ``tokenizer``, saved with the tokenizer to ``out_dir``."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    heads = max(hidden_size // 64, 1)
+    config = Qwen3Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=hidden_size * 3,
+        num_hidden_layers=num_layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        head_dim=hidden_size // heads,
+        max_position_embeddings=32768,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        torch_dtype="bfloat16",
+    )
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(config)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    return model
