@@ -149,11 +149,12 @@ def check(method: str, out: Path, gpus: int) -> tuple[list[str], dict]:
         if silenced != sum(d["masked_tokens"] for d in driver):
             problems.append(f"workers silenced {silenced} tokens, the driver {sum(d['masked_tokens'] for d in driver)}")
         for d in driver:
-            if d["during_update"] != d["response_tokens"] - d["masked_tokens"]:
-                problems.append(f"step {d['step']}: workers saw {d['during_update']} tokens, expected "
-                                f"{d['response_tokens']} - {d['masked_tokens']}")
-            if d["after_update"] != d["response_tokens"]:
-                problems.append(f"step {d['step']}: response mask not restored ({d['after_update']} tokens)")
+            original = {"response_mask": d["response_tokens"], "loss_mask": d["loss_tokens"]}
+            if d["during_update"] != {k: v - d["masked_tokens"] for k, v in original.items()}:
+                problems.append(f"step {d['step']}: workers saw {d['during_update']}, expected {original} "
+                                f"minus {d['masked_tokens']}")
+            if d["after_update"] != original:
+                problems.append(f"step {d['step']}: masks not restored: {d['after_update']} != {original}")
     return problems, summary
 
 

@@ -32,7 +32,10 @@ from stapo.config import TRAINER_MODE, validate_training_config
 from stapo.loss import stapo_loss
 from stapo.s2t import mask_for_update
 
-MASK_FIELDS = ["old_log_probs", "entropy", "advantages", "response_mask"]
+MASK_INPUTS = ["old_log_probs", "entropy", "advantages", "response_mask", "loss_mask"]
+# verl's ppo_loss masks with response_mask, while the engine counts the denominator from loss_mask (a separate
+# TransferQueue field the V1 agent loop copies from response_mask): the mask is folded into both.
+MASKS = ("response_mask", "loss_mask")
 
 
 def minibatch_rows(
@@ -91,8 +94,8 @@ class STAPOTrainer(PPOTrainerSync):
                 metrics[key.removeprefix("actor/")] = metrics.pop(key)
             return batch
 
-        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=MASK_FIELDS)
-        original_mask = data["response_mask"]
+        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=MASK_INPUTS)
+        originals = data.select(*MASKS)
         padded = data.to_padded_tensor()
         keep, mask_metrics = mask_for_update(
             self.stapo.mask,
@@ -105,28 +108,34 @@ class STAPOTrainer(PPOTrainerSync):
             q=self.stapo.q,
             top_entropy_ratio=self.stapo.top_entropy_ratio,
         )
-        self._put_response_mask(batch, response_to_nested(keep, original_mask))
+        silenced = padded["response_mask"].bool() & ~keep.bool()
+        folded = TensorDict(
+            {name: response_to_nested(padded[name] * ~silenced, originals[name]) for name in MASKS},
+            batch_size=len(batch),
+        )
+        self._put_masks(batch, folded)
         if audit.enabled():
-            during = self._response_tokens(batch)
+            during = self._mask_tokens(batch)
         try:
             batch = super()._update_actor(batch, metrics)
         finally:
-            self._put_response_mask(batch, original_mask)
+            self._put_masks(batch, originals)
         metrics.update(mask_metrics)
         if audit.enabled():
             audit.write("driver", {
                 "step": self.global_steps,
                 "masked_tokens": int(mask_metrics["stapo/masked_tokens"]),
                 "response_tokens": int(padded["response_mask"].sum()),
+                "loss_tokens": int(padded["loss_mask"].sum()),
                 "during_update": during,
-                "after_update": self._response_tokens(batch),
+                "after_update": self._mask_tokens(batch),
             })
         return batch
 
     @staticmethod
-    def _response_tokens(batch: KVBatchMeta) -> int:
-        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["response_mask"])
-        return int(data["response_mask"].values().sum())
+    def _mask_tokens(batch: KVBatchMeta) -> dict[str, int]:
+        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=list(MASKS))
+        return {name: int(data[name].values().sum()) for name in MASKS}
 
     def _mask_groups(self, batch_size: int) -> list[torch.Tensor] | None:
         """The rows of each PPO mini-batch of this update (``None`` = the whole batch, ``quantile_scope: batch``)."""
@@ -145,9 +154,5 @@ class STAPOTrainer(PPOTrainerSync):
         )
 
     @staticmethod
-    def _put_response_mask(batch: KVBatchMeta, nested_mask: torch.Tensor) -> None:
-        tq.kv_batch_put(
-            keys=batch.keys,
-            partition_id=batch.partition_id,
-            fields=TensorDict({"response_mask": nested_mask}, batch_size=len(batch)),
-        )
+    def _put_masks(batch: KVBatchMeta, masks: TensorDict) -> None:
+        tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=masks)

@@ -87,6 +87,8 @@ def put_batch(seed=0):
     fields = TensorDict(
         {
             "response_mask": nested([torch.ones(n, dtype=torch.int64) for n in lens]),
+            # the V1 agent loop stores a copy as loss_mask: the engine's denominator counts it
+            "loss_mask": nested([torch.ones(n, dtype=torch.int64) for n in lens]),
             # p ~ 1e-3 .. 1e-2: about half of the tokens are below tau_p = 0.002
             "old_log_probs": nested([-4.6 - 2.3 * torch.rand(n, generator=gen) for n in lens]),
             "entropy": nested([torch.rand(n, generator=gen) * 3 for n in lens]),
@@ -128,11 +130,14 @@ def test_mask_reaches_the_update_per_minibatch_and_is_restored(transfer_queue):
         # what the workers train on == S2T over exactly this mini-batch, from the rollout's own mask
         expected, stats = s2t_mask(*(pad_to(before[k])[rows] for k in ("old_log_probs", "entropy", "advantages", "response_mask")))
         assert torch.equal(trained, expected)
+        # the engine's denominator (loss_mask summed over the mini-batch on all ranks) is the kept count
+        assert sum(int(p["loss_mask"].sum()) for p in parts) == int(expected.sum())
         masked_total += stats["masked"]
     assert masked_total > 0
 
     after = tq.kv_batch_get(keys=batch.keys, partition_id="train").to_padded_tensor()
     assert torch.equal(after["response_mask"], before["response_mask"])  # restored for metrics and logging
+    assert torch.equal(after["loss_mask"], before["loss_mask"])
     assert metrics["stapo/masked_tokens"] == masked_total
     assert metrics["stapo/masked_frac"] == pytest.approx(masked_total / int(before["response_mask"].sum()))
     assert {"stapo/candidate_frac", "stapo/entropy_threshold", "stapo/pos_adv_frac", "stapo/low_prob_frac",
