@@ -1,0 +1,239 @@
+"""Data preparation: template, benchmark recognition, the six public benchmarks, DAPO training data, bad rows."""
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from stapo import data
+from stapo.data import INSTRUCTION, InvalidRowError, make_prompt, prepare_eval, prepare_train
+from stapo.reward import grade_many, parse_answer
+
+FIXTURES = Path(__file__).parent / "fixtures"
+EVAL_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "eval"
+EXPECTED_ROWS = {"aime24": 30, "aime25": 30, "amc23": 40, "math500": 500, "minerva": 272, "olympiadbench": 675}
+# Golds that math-verify only keeps as strings (a response must then match them textually); any new
+# entry is a regression in answer extraction or normalisation and fails the test.
+UNPARSED_GOLDS = {("minerva", "E_{1},E_{2}"), ("olympiadbench", "t(0,4]")}
+
+
+def read_rows(path):
+    return pq.read_table(path).to_pylist()
+
+
+def write_jsonl(path, records):
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def test_make_prompt_is_one_user_turn_ending_with_the_instruction():
+    prompt = make_prompt("  What is $1+1$?\n")
+    assert prompt == [{"role": "user", "content": f"What is $1+1$?\n\n{INSTRUCTION}"}]
+    assert INSTRUCTION == "Please reason step by step, and put your final answer within \\boxed{}."
+
+
+@pytest.mark.parametrize(
+    "path, expected",
+    [
+        ("aime24.jsonl", "aime24"),
+        ("data/AIME24/test.parquet", "aime24"),
+        ("aime_2025.json", "aime25"),
+        ("AIME25/test.parquet", "aime25"),
+        ("amc23.jsonl", "amc23"),
+        ("data/MATH-500/test.parquet", "math500"),
+        ("math500.jsonl", "math500"),
+        ("minerva_math.jsonl", "minerva"),
+        ("Minerva/test.parquet", "minerva"),
+        ("data/Olympiad-Bench/test.parquet", "olympiadbench"),
+        ("olympiadbench.jsonl", "olympiadbench"),
+        ("gsm8k/test.jsonl", None),
+        ("aime.json", None),
+    ],
+)
+def test_benchmark_from_path(path, expected):
+    assert data.benchmark_from_path(Path(path)) == expected
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    if not EVAL_DATA.is_dir():
+        pytest.skip(f"benchmark data not found at {EVAL_DATA} (expected ../shared/data/eval beside the repo)")
+    out = tmp_path_factory.mktemp("eval")
+    reports, ignored = prepare_eval([EVAL_DATA], out)
+    return out, reports, ignored
+
+
+def test_six_benchmarks_counts_and_schema(prepared):
+    out, reports, ignored = prepared
+    assert {r.name: r.rows for r in reports} == EXPECTED_ROWS
+    assert ignored == []
+    assert sorted(p.name for p in out.iterdir()) == sorted(f"{name}.parquet" for name in EXPECTED_ROWS)
+    for name, count in EXPECTED_ROWS.items():
+        table = pq.read_table(out / f"{name}.parquet")
+        assert table.schema.equals(data.SCHEMA)
+        rows = table.to_pylist()
+        assert len(rows) == count
+        for index, row in enumerate(rows):
+            assert row["data_source"] == name
+            assert row["reward_model"]["ground_truth"].strip(), (name, index)
+            assert row["prompt"][0]["role"] == "user" and len(row["prompt"]) == 1
+            assert row["prompt"][0]["content"].endswith("\n\n" + INSTRUCTION)
+            assert row["extra_info"]["index"] == index
+            assert row["extra_info"]["split"] == "test"
+            assert Path(row["extra_info"]["source_file"]).parent == EVAL_DATA
+
+
+def test_ground_truth_shapes_are_normalised(prepared):
+    out = prepared[0]
+    first = {name: read_rows(out / f"{name}.parquet")[0]["reward_model"]["ground_truth"] for name in EXPECTED_ROWS}
+    assert first["amc23"] == "27"  # was the float 27.0
+    assert first["minerva"] == "1.6"  # taken from the solution's \boxed{}
+    assert first["olympiadbench"] == "2"  # was the list ['2']
+    assert first["aime25"] == "70"  # verl parquet with a chat prompt
+
+
+def test_golds_parse_with_math_verify(prepared):
+    out = prepared[0]
+    unparsed = {
+        (name, row["reward_model"]["ground_truth"])
+        for name in EXPECTED_ROWS
+        for row in read_rows(out / f"{name}.parquet")
+        if all(isinstance(item, str) for item in parse_answer(row["reward_model"]["ground_truth"]))
+    }
+    assert unparsed == UNPARSED_GOLDS
+
+
+def test_reward_self_consistency_on_every_row(prepared):
+    """A response boxing the gold scores 1 and a clearly different number scores 0, judged by math-verify alone."""
+    out = prepared[0]
+    failures = []
+    for name in EXPECTED_ROWS:
+        golds = [row["reward_model"]["ground_truth"] for row in read_rows(out / f"{name}.parquet")]
+        right = grade_many([(f"So the answer is \\boxed{{{g}}}.", g) for g in golds], 2, 10.0, fast_path=False)
+        wrong = grade_many([("So the answer is \\boxed{-987654321}.", g) for g in golds], 2, 10.0, fast_path=False)
+        failures += [(name, g, "right answer scored 0") for g, r in zip(golds, right, strict=True) if r["score"] != 1.0]
+        failures += [(name, g, "wrong answer scored 1") for g, r in zip(golds, wrong, strict=True) if r["score"] != 0.0]
+    assert failures == []
+
+
+def test_eval_name_override_and_duplicates(tmp_path):
+    records = [{"question": "What is $1+1$?", "answer": "2"}, {"question": "What is $2+2$?", "answer": 4.0}]
+    src = write_jsonl(tmp_path / "my_copy.jsonl", records * 3)
+    with pytest.raises(ValueError, match="--name"):
+        prepare_eval([src], tmp_path / "out")
+    (report,), _ = prepare_eval([src], tmp_path / "out", name="amc23")
+    assert (report.rows, report.duplicates) == (2, 4)
+    assert [r["reward_model"]["ground_truth"] for r in read_rows(tmp_path / "out" / "amc23.parquet")] == ["2", "4"]
+
+
+def test_eval_reads_verl_parquet_with_templated_prompts(tmp_path):
+    folder = tmp_path / "data" / "AIME24"
+    folder.mkdir(parents=True)
+    rows = [
+        {
+            "prompt": [
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": make_prompt("Find $x$.")[0]["content"]},
+            ],
+            "reward_model": {"ground_truth": "\\boxed{204}", "style": "rule"},
+            "extra_info": {"index": "AIME24-0"},
+        }
+    ]
+    pq.write_table(pa.Table.from_pylist(rows), folder / "test.parquet")
+    (report,), _ = prepare_eval([tmp_path / "data"], tmp_path / "out")
+    (row,) = read_rows(tmp_path / "out" / "aime24.parquet")
+    assert report.name == "aime24"
+    assert row["prompt"] == make_prompt("Find $x$.")  # the instruction is not doubled
+    assert row["reward_model"]["ground_truth"] == "204"
+    assert row["extra_info"]["original_id"] == "AIME24-0"
+
+
+def test_train_on_dapo_layout_dedups_and_retemplates(tmp_path):
+    records = [json.loads(line) for line in (FIXTURES / "dapo_math_17k_sample.jsonl").read_text().splitlines()]
+    source = tmp_path / "dapo-math-17k.parquet"
+    pq.write_table(pa.Table.from_pylist(records), source)
+    report = prepare_train(source, tmp_path / "out")
+    rows = read_rows(tmp_path / "out" / data.TRAIN_FILENAME)
+    assert (report.rows, report.duplicates, report.skipped) == (5, 7, [])
+    assert [r["reward_model"]["ground_truth"] for r in rows] == ["5", "9", "6", "55", "25"]
+    assert rows[0]["prompt"] == [{"role": "user", "content": f"What is $2+3$?\n\n{INSTRUCTION}"}]
+    for index, row in enumerate(rows):
+        content = row["prompt"][0]["content"]
+        assert "Answer:" not in content and "Solve the following" not in content
+        assert row["data_source"] == data.TRAIN_DATA_SOURCE
+        assert row["extra_info"]["index"] == index
+        assert row["extra_info"]["source_file"] == str(source)
+    assert rows[0]["extra_info"]["original_id"] == "00000000-0000-0000-0000-000000000001"
+    assert [p.name for p in (tmp_path / "out").iterdir()] == [data.TRAIN_FILENAME]  # no temporary files left
+
+
+def test_train_accepts_open_r1_processed_shape(tmp_path):
+    report = prepare_train(FIXTURES / "dapo_processed_sample.jsonl", tmp_path)
+    rows = read_rows(tmp_path / data.TRAIN_FILENAME)
+    assert (report.rows, report.duplicates) == (3, 1)
+    assert [r["reward_model"]["ground_truth"] for r in rows] == ["5", "9", "6"]
+
+
+BAD_ROWS = [
+    ({"problem": "Fine.", "answer": "1"}, None),
+    ({"problem": "No answer here."}, "row 1: field 'answer': missing"),
+    ({"answer": "3"}, "row 2: field 'problem': missing"),
+    ({"problem": "Empty list.", "final_answer": []}, "row 3: field 'final_answer': empty ground truth"),
+    ({"problem": "Broken.", "answer": "\\frac{1}{2"}, "row 4: field 'answer': unbalanced braces"),
+    ({"problem": "Worked solution without a box.", "solution": "First...\nthen 3."}, "row 5: field 'solution'"),
+    ({"problem": "", "answer": "1"}, "row 6: field 'problem': empty"),
+    ({"problem": "Odd.", "answer": {"value": 1}}, "row 7: field 'answer': unparseable ground truth"),
+]
+
+
+def test_bad_row_stops_the_run_naming_file_row_and_field(tmp_path):
+    src = write_jsonl(tmp_path / "math500.jsonl", [record for record, _ in BAD_ROWS[:2]])
+    with pytest.raises(InvalidRowError, match=r"math500\.jsonl: row 1: field 'answer': missing"):
+        prepare_eval([src], tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_skip_invalid_counts_and_lists_bad_rows(tmp_path):
+    src = write_jsonl(tmp_path / "math500.jsonl", [record for record, _ in BAD_ROWS])
+    with src.open("a") as file:
+        file.write("{not json\n")
+    (report,), _ = prepare_eval([src], tmp_path / "out", skip_invalid=True)
+    assert report.rows == 1
+    assert len(report.skipped) == len(BAD_ROWS)
+    for (_, expected), message in zip(BAD_ROWS[1:], report.skipped, strict=False):
+        assert message.startswith(f"{src}: {expected}")
+    assert report.skipped[-1].startswith(f"{src}: row 8: field '<line>': not valid JSON")
+    summary = data.format_summary([report])
+    assert all(f"skipped: {message}" in summary for message in report.skipped)
+
+
+def test_cli_eval_prints_the_table_and_fails_cleanly(tmp_path, capsys):
+    (tmp_path / "src").mkdir()
+    good = write_jsonl(tmp_path / "src" / "aime24.jsonl", [{"problem": "P", "answer": "1"}])
+    write_jsonl(tmp_path / "src" / "notes.jsonl", [{"text": "not a benchmark"}])
+    data.main(["eval", "--src", str(tmp_path / "src"), "--out", str(tmp_path / "out")])
+    printed = capsys.readouterr().out
+    assert str(tmp_path / "out" / "aime24.parquet") in printed and str(good) in printed
+    assert f"ignored (no benchmark in the name): {tmp_path / 'src' / 'notes.jsonl'}" in printed
+    write_jsonl(good, [{"problem": "P"}])
+    with pytest.raises(SystemExit) as exit_info:
+        data.main(["eval", "--src", str(good), "--out", str(tmp_path / "out")])
+    assert exit_info.value.code == 2
+    assert f"{good}: row 0: field 'answer'" in capsys.readouterr().err
+
+
+def test_eval_without_src_uses_the_pinned_hub_copies(tmp_path, monkeypatch):
+    """The hub path itself needs network; check the wiring with a stand-in for the download."""
+    requested = []
+
+    def fake_hub_records(source):
+        requested.append(source)
+        return [{"problem": f"Problem from {source.repo}", "solution": "so \\boxed{12}"}]
+
+    monkeypatch.setattr(data, "_hub_records", fake_hub_records)
+    reports, _ = prepare_eval(None, tmp_path)
+    assert requested == [data.HUB_EVAL[name] for name in data.BENCHMARKS]
+    assert [r.sources for r in reports] == [[f"hf://datasets/{s.repo} ({s.split})"] for s in requested]
+    assert read_rows(tmp_path / "minerva.parquet")[0]["reward_model"]["ground_truth"] == "12"
