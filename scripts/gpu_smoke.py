@@ -60,29 +60,46 @@ def overrides(method: str, model: Path, data: Path, gpus: int, steps: int, out: 
     batch, n, mini = 16, 4, 8  # 64 responses per step, 2 PPO mini-batches of 32
     micro = mini * n // gpus if method == "stapo_current" else mini * n // gpus // MICRO_PER_MINI
     args = [
-        f"data.train_files={data}", f"data.val_files={data}", f"data.train_batch_size={batch}",
-        "data.max_prompt_length=64", "data.max_response_length=64",
-        f"actor_rollout_ref.model.path={model}", "actor_rollout_ref.model.use_remove_padding=True",
+        f"data.train_files={data}",
+        f"data.val_files={data}",
+        f"data.train_batch_size={batch}",
+        "data.max_prompt_length=64",
+        "data.max_response_length=64",
+        f"actor_rollout_ref.model.path={model}",
+        "actor_rollout_ref.model.use_remove_padding=True",
         "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
         "actor_rollout_ref.model.enable_gradient_checkpointing=False",
-        f"actor_rollout_ref.actor.ppo_mini_batch_size={mini}", "actor_rollout_ref.actor.use_dynamic_bsz=False",
-        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro}", "actor_rollout_ref.actor.use_torch_compile=False",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={mini}",
+        "actor_rollout_ref.actor.use_dynamic_bsz=False",
+        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro}",
+        "actor_rollout_ref.actor.use_torch_compile=False",
         "actor_rollout_ref.actor.optim.lr=1e-4",
-        f"actor_rollout_ref.rollout.n={n}", "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
-        "actor_rollout_ref.rollout.gpu_memory_utilization=0.3", "actor_rollout_ref.rollout.enforce_eager=True",
+        f"actor_rollout_ref.rollout.n={n}",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        "actor_rollout_ref.rollout.gpu_memory_utilization=0.3",
+        "actor_rollout_ref.rollout.enforce_eager=True",
         f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={mini * n // gpus}",
         "actor_rollout_ref.rollout.max_num_batched_tokens=4096",
-        f"reward.custom_reward_function.path={Path(__file__).resolve()}", "reward.custom_reward_function.name=smoke_reward",
+        f"reward.custom_reward_function.path={Path(__file__).resolve()}",
+        "reward.custom_reward_function.name=smoke_reward",
         "reward.num_workers=1",
-        f"trainer.n_gpus_per_node={gpus}", "trainer.nnodes=1", f"trainer.total_training_steps={steps}",
-        "trainer.val_before_train=False", "trainer.test_freq=-1", "trainer.save_freq=-1",
-        'trainer.logger=["console","file"]', f"trainer.default_local_dir={out / 'ckpt'}",
+        f"trainer.n_gpus_per_node={gpus}",
+        "trainer.nnodes=1",
+        f"trainer.total_training_steps={steps}",
+        "trainer.val_before_train=False",
+        "trainer.test_freq=-1",
+        "trainer.save_freq=-1",
+        'trainer.logger=["console","file"]',
+        f"trainer.default_local_dir={out / 'ckpt'}",
         f"+ray_kwargs.ray_init.runtime_env.env_vars.STAPO_AUDIT_DIR={out / 'audit'}",
         f"+ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH={out / 'metrics.jsonl'}",
     ]
     if method == "stapo_current":
-        args += ["stapo.policy_source=current", "actor_rollout_ref.actor.calculate_entropy=True",
-                 "actor_rollout_ref.actor.entropy_checkpointing=True"]
+        args += [
+            "stapo.policy_source=current",
+            "actor_rollout_ref.actor.calculate_entropy=True",
+            "actor_rollout_ref.actor.entropy_checkpointing=True",
+        ]
     return args
 
 
@@ -91,7 +108,13 @@ def run(method: str, model: Path, data: Path, gpus: int, steps: int, root: Path)
     out.mkdir(parents=True, exist_ok=True)
     config = "stapo" if method.startswith("stapo") else method
     env = {**os.environ, "VERL_FILE_LOGGER_PATH": str(out / "metrics.jsonl"), "STAPO_AUDIT_DIR": str(out / "audit")}
-    cmd = [sys.executable, "-m", "stapo.train", f"--config-name={config}", *overrides(method, model, data, gpus, steps, out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "stapo.train",
+        f"--config-name={config}",
+        *overrides(method, model, data, gpus, steps, out),
+    ]
     start = time.time()
     with open(out / "train.log", "w") as log:
         proc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -121,7 +144,11 @@ def check(method: str, out: Path, gpus: int) -> tuple[list[str], dict]:
     summary.update(candidates=cand, masked=masked, masked_frac=[round(s.get("stapo/masked_frac", 0), 4) for s in steps])
     if not any(c > 0 for c in cand):
         problems.append("no step had S2T candidates: the smoke proves nothing")
-    problems += [f"step {i + 1}: {c} candidates but nothing masked" for i, (c, m) in enumerate(zip(cand, masked)) if c > 0 and m == 0]
+    problems += [
+        f"step {i + 1}: {c} candidates but nothing masked"
+        for i, (c, m) in enumerate(zip(cand, masked))
+        if c > 0 and m == 0
+    ]
 
     by_rank = defaultdict(list)
     for r in read_jsonl(sorted((out / "audit").glob("loss-*.jsonl"))):
@@ -151,8 +178,10 @@ def check(method: str, out: Path, gpus: int) -> tuple[list[str], dict]:
         for d in driver:
             original = {"response_mask": d["response_tokens"], "loss_mask": d["loss_tokens"]}
             if d["during_update"] != {k: v - d["masked_tokens"] for k, v in original.items()}:
-                problems.append(f"step {d['step']}: workers saw {d['during_update']}, expected {original} "
-                                f"minus {d['masked_tokens']}")
+                problems.append(
+                    f"step {d['step']}: workers saw {d['during_update']}, expected {original} "
+                    f"minus {d['masked_tokens']}"
+                )
             if d["after_update"] != original:
                 problems.append(f"step {d['step']}: masks not restored: {d['after_update']} != {original}")
     return problems, summary
@@ -171,8 +200,12 @@ def main() -> None:
     for method in args.methods.split(","):
         out, seconds = run(method, model, data, args.gpus, args.steps, args.out)
         problems, summary = check(method, out, args.gpus)
-        print(json.dumps({"method": method, "gpus": args.gpus, "seconds": round(seconds), **summary,
-                          "problems": problems}), flush=True)
+        print(
+            json.dumps(
+                {"method": method, "gpus": args.gpus, "seconds": round(seconds), **summary, "problems": problems}
+            ),
+            flush=True,
+        )
         failed |= bool(problems)
     sys.exit(1 if failed else 0)
 

@@ -114,12 +114,7 @@ def validate_training_config(config: DictConfig) -> StapoConfig:
             "π_θ in the update; set actor_rollout_ref.actor.calculate_entropy=True "
             "(and actor_rollout_ref.actor.entropy_checkpointing=True to keep its memory low)"
         )
-    if (
-        stapo.policy_source == "old"
-        and stapo.quantile_scope == "mini_batch"
-        and actor.ppo_epochs > 1
-        and actor.shuffle
-    ):
+    if stapo.policy_source == "old" and stapo.quantile_scope == "mini_batch" and actor.ppo_epochs > 1 and actor.shuffle:
         raise StapoConfigError(
             "actor_rollout_ref.actor.shuffle=True with ppo_epochs>1 regroups the mini-batches every epoch, so no "
             "single per-mini-batch mask exists; set actor_rollout_ref.actor.shuffle=False, ppo_epochs=1, "

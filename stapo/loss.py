@@ -51,7 +51,9 @@ def stapo_loss(config, model_output, data: TensorDict, dp_group=None, *, stapo: 
         audit.write("loss", audit.loss_record(loss, model_output, data, dp_group))
     loss_metrics.update(
         {
-            key: Metric(value=value, aggregation=AggregationType.SUM if key.endswith("_tokens") else AggregationType.MEAN)
+            key: Metric(
+                value=value, aggregation=AggregationType.SUM if key.endswith("_tokens") else AggregationType.MEAN
+            )
             for key, value in metrics.items()
         }
     )
@@ -77,7 +79,12 @@ def _fold_current_policy_mask(model_output, data: TensorDict, dp_group, stapo: S
 
     if stapo.mask == "s2t":
         keep, stats = s2t_mask(
-            log_probs, entropy, padded["advantages"], response_mask, stapo.tau_p, stapo.q,
+            log_probs,
+            entropy,
+            padded["advantages"],
+            response_mask,
+            stapo.tau_p,
+            stapo.q,
             quantile_fn=gathered(entropy_quantile),
         )
     else:

@@ -128,17 +128,23 @@ def top_entropy_mask(
     """The 20-Entropy baseline mask (Wang et al., arXiv 2506.01939, "Beyond the 80/20 rule"): keep only the
     top-ρ fraction of response tokens by entropy, ρ = ``ratio``.
 
-    The three public conventions differ in the scope of the quantile, in π_old vs π_θ and in the loss
-    denominator (see the project docs). This function is the mask alone: it keeps the ⌈ρ·N⌉ highest-entropy
-    response tokens of whatever set it is given (ties at the threshold are all kept; a NaN entropy is not
-    ranked and its token is kept). The recipe applies it per PPO mini-batch from the entropies verl already
-    computes (π_old, exactly π_θ for the first mini-batch of a step), or per micro-batch from π_θ with
-    ``policy_source: current``, and folds it into the response mask, so the loss is averaged over the selected
-    tokens: the normaliser of the authors' official code, at the mini-batch scope of the paper's formula.
+    It keeps the ⌈ρ·N⌉ highest-entropy response tokens of whatever set it is given (ties at the threshold are all
+    kept; a NaN entropy is not ranked and its token is kept). Public implementations disagree on three points:
+    the scope of the ranking (the paper's formula: the batch; the authors' verl fork: each GPU micro-batch; TRL:
+    gathered over processes), the policy whose entropy is ranked (the fork and TRL: π_θ in the update) and the
+    loss denominator (the formula and TRL: all tokens; the fork: the selected tokens). The recipe follows:
 
-    Returns ``keep`` (same shape/dtype as ``response_mask``) and stats with ints ``tokens``, ``kept``, ``masked`` and the
-    float ``entropy_threshold`` (NaN when there is no ranked token). ``threshold_fn`` ``(entropies, ratio) ->
-    threshold`` defaults to :func:`top_k_threshold`; a caller spread over processes gathers first.
+    * scope: one PPO mini-batch, the batch of one gradient step as in the paper's formula, and independent of how
+      verl splits it over micro-batches and GPUs (per micro-batch gathered over ranks with
+      ``policy_source: current``);
+    * policy: π_old, whose entropies verl computes anyway (π_old = π_θ for the first mini-batch of a step, and no
+      extra cost); π_θ with ``policy_source: current``;
+    * denominator: the selected tokens, as in the authors' code that produced the 20-Entropy numbers; this is what
+      folding the mask into verl's response mask gives.
+
+    Returns ``keep`` (same shape/dtype as ``response_mask``) and stats with ints ``tokens``, ``kept``, ``masked``
+    and the float ``entropy_threshold`` (NaN when there is no ranked token). ``threshold_fn`` ``(entropies,
+    ratio) -> threshold`` defaults to :func:`top_k_threshold`; a caller spread over processes gathers first.
     """
     if not 0.0 < ratio <= 1.0:
         raise ValueError(f"ratio must be in (0, 1], got {ratio!r} (the 20-Entropy paper uses 0.2)")
@@ -146,7 +152,12 @@ def top_entropy_mask(
     threshold = threshold_fn(entropy[valid], ratio)
     keep = valid & ~(entropy < threshold)  # NaN entropy or NaN threshold: kept
     kept = int(keep.sum())
-    stats = {"tokens": int(valid.sum()), "kept": kept, "masked": int(valid.sum()) - kept, "entropy_threshold": threshold}
+    stats = {
+        "tokens": int(valid.sum()),
+        "kept": kept,
+        "masked": int(valid.sum()) - kept,
+        "entropy_threshold": threshold,
+    }
     return keep.to(response_mask.dtype), stats
 
 
@@ -179,9 +190,7 @@ def mask_for_update(
     all_stats = []
     for rows in groups:
         if method == "s2t":
-            k, stats = s2t_mask(
-                log_probs[rows], entropy[rows], advantages[rows], response_mask[rows], tau_p=tau_p, q=q
-            )
+            k, stats = s2t_mask(log_probs[rows], entropy[rows], advantages[rows], response_mask[rows], tau_p=tau_p, q=q)
         else:
             k, stats = top_entropy_mask(entropy[rows], response_mask[rows], ratio=top_entropy_ratio)
         keep[rows] = k

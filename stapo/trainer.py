@@ -38,9 +38,7 @@ MASK_INPUTS = ["old_log_probs", "entropy", "advantages", "response_mask", "loss_
 MASKS = ("response_mask", "loss_mask")
 
 
-def minibatch_rows(
-    batch_size: int, dp_size: int, mini_batch_size: int, shuffle: bool, seed: int
-) -> list[torch.Tensor]:
+def minibatch_rows(batch_size: int, dp_size: int, mini_batch_size: int, shuffle: bool, seed: int) -> list[torch.Tensor]:
     """Row indices of each PPO mini-batch of one epoch, as verl 0.9.1 forms them.
 
     The driver hands rank r the contiguous chunk r of the batch (``KVBatchMeta.chunk``); each rank then iterates
@@ -55,7 +53,10 @@ def minibatch_rows(
     for rank in range(dp_size):
         rows = TensorDict({"row": torch.arange(rank * local, (rank + 1) * local)}, batch_size=[local])
         it = tu.make_iterator(
-            rows, mini_batch_size=mini_batch_size // dp_size, epochs=1, seed=seed + rank,
+            rows,
+            mini_batch_size=mini_batch_size // dp_size,
+            epochs=1,
+            seed=seed + rank,
             dataloader_kwargs={"shuffle": shuffle},
         )
         per_rank.append([mb["row"] for mb in it])
@@ -90,8 +91,15 @@ class STAPOTrainer(PPOTrainerSync):
             return super()._update_actor(batch, metrics)
         if self.stapo.policy_source == "current":
             batch = super()._update_actor(batch, metrics)
+            # The workers' mask metrics come back as "actor/stapo/*", counts summed per mini-batch and then
+            # averaged over the step's mini-batches by verl: report them like the driver does, per step.
+            actor = self.config.actor_rollout_ref.actor
+            minibatches = len(batch) // (actor.ppo_mini_batch_size * self.config.actor_rollout_ref.rollout.n)
             for key in [k for k in metrics if k.startswith("actor/stapo/")]:
-                metrics[key.removeprefix("actor/")] = metrics.pop(key)
+                value = metrics.pop(key)
+                metrics[key.removeprefix("actor/")] = (
+                    value * minibatches * actor.ppo_epochs if key.endswith("_tokens") else value
+                )
             return batch
 
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=MASK_INPUTS)
@@ -122,14 +130,17 @@ class STAPOTrainer(PPOTrainerSync):
             self._put_masks(batch, originals)
         metrics.update(mask_metrics)
         if audit.enabled():
-            audit.write("driver", {
-                "step": self.global_steps,
-                "masked_tokens": int(mask_metrics["stapo/masked_tokens"]),
-                "response_tokens": int(padded["response_mask"].sum()),
-                "loss_tokens": int(padded["loss_mask"].sum()),
-                "during_update": during,
-                "after_update": self._mask_tokens(batch),
-            })
+            audit.write(
+                "driver",
+                {
+                    "step": self.global_steps,
+                    "masked_tokens": int(mask_metrics["stapo/masked_tokens"]),
+                    "response_tokens": int(padded["response_mask"].sum()),
+                    "loss_tokens": int(padded["loss_mask"].sum()),
+                    "during_update": during,
+                    "after_update": self._mask_tokens(batch),
+                },
+            )
         return batch
 
     @staticmethod

@@ -60,11 +60,20 @@ def test_paper_defaults():
         ("stapo.policy_source=new", r"stapo\.policy_source='new' is not allowed; use one of: old, current"),
         ("stapo.quantile_scope=micro", r"stapo\.quantile_scope='micro' is not allowed"),
         ("+stapo.tau=0.1", r"stapo\.tau: unknown key; allowed keys are"),
-        ("trainer.v1.trainer_mode=sync", r"trainer\.v1\.trainer_mode='sync': stapo\.mask=s2t needs trainer\.v1\.trainer_mode=stapo_sync"),
+        (
+            "trainer.v1.trainer_mode=sync",
+            r"trainer\.v1\.trainer_mode='sync': stapo\.mask=s2t needs trainer\.v1\.trainer_mode=stapo_sync",
+        ),
         ("trainer.use_v1=False", r"trainer\.use_v1=False"),
         ("stapo.policy_source=current", r"actor_rollout_ref\.actor\.calculate_entropy=False"),
-        ("stapo.quantile_scope=batch stapo.policy_source=current", r"stapo\.quantile_scope=batch needs stapo\.policy_source=old"),
-        ("actor_rollout_ref.actor.ppo_epochs=2 actor_rollout_ref.actor.shuffle=True", r"actor_rollout_ref\.actor\.shuffle=True with ppo_epochs>1"),
+        (
+            "stapo.quantile_scope=batch stapo.policy_source=current",
+            r"stapo\.quantile_scope=batch needs stapo\.policy_source=old",
+        ),
+        (
+            "actor_rollout_ref.actor.ppo_epochs=2 actor_rollout_ref.actor.shuffle=True",
+            r"actor_rollout_ref\.actor\.shuffle=True with ppo_epochs>1",
+        ),
     ],
 )
 def test_bad_stapo_values_name_the_key(override, message):

@@ -8,6 +8,7 @@ tensor of current-policy log-probs (and entropies), which makes the gradient per
 """
 
 import functools
+import json
 import math
 import os
 import socket
@@ -139,12 +140,34 @@ def test_token_mean_over_kept_tokens_for_any_micro_split(splits, loss):
     assert any(g.abs().sum() > 0 for g in grads.values())
 
 
+def test_audit_records_zero_gradient_at_silenced_tokens(tmp_path, monkeypatch):
+    monkeypatch.setenv("STAPO_AUDIT_DIR", str(tmp_path))
+    mask = folded_mask()
+    data, cur, ent = make_batch(mask)
+    run_engine_minibatch(
+        functools.partial(OLD, config=actor_config()), data, cur, ent, list(range(6)), [[0, 1, 2], [3, 4, 5]]
+    )
+    (log,) = tmp_path.glob("loss-*.jsonl")
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    kept = sum(map(sum, mask))
+    assert [r["batch_num_tokens"] for r in records] == [kept, kept]
+    assert sum(r["kept_tokens"] for r in records) == kept and sum(r["silenced_tokens"] for r in records) == 5
+    assert all(r["max_grad_silenced"] == 0.0 for r in records)
+    # kept tokens with a non-zero advantage get gradient unless PPO clipping stops it
+    movable = sum(1 for i, row in enumerate(mask) for k in row if k and ADV[i] != 0)
+    assert 0 < sum(r["nonzero_grad_kept"] for r in records) <= movable
+
+
 def test_all_masked_minibatch_gives_finite_zero_loss():
     cfg = actor_config()
     data, cur, ent = make_batch([[0] * n for n in RESP_LENS])
-    raw, _ = run_engine_minibatch(functools.partial(ppo_loss, config=cfg), data, cur, ent, list(range(6)), [[0, 1, 2], [3, 4, 5]])
+    raw, _ = run_engine_minibatch(
+        functools.partial(ppo_loss, config=cfg), data, cur, ent, list(range(6)), [[0, 1, 2], [3, 4, 5]]
+    )
     assert torch.isnan(raw)  # what verl alone does: 0 / 0
-    total, grads = run_engine_minibatch(functools.partial(OLD, config=cfg), data, cur, ent, list(range(6)), [[0, 1, 2], [3, 4, 5]])
+    total, grads = run_engine_minibatch(
+        functools.partial(OLD, config=cfg), data, cur, ent, list(range(6)), [[0, 1, 2], [3, 4, 5]]
+    )
     assert torch.isfinite(total) and total.item() == 0.0
     assert all(torch.all(g == 0) for g in grads.values())
 
@@ -155,8 +178,12 @@ def test_current_policy_mask_single_micro_batch_is_exact():
     stapo = StapoConfig(mask="s2t", policy_source="current", tau_p=0.2, q=0.5)
     data, cur, ent = make_batch([[1] * n for n in RESP_LENS])
     keep, stats = s2t_mask(
-        pad(cur), pad(ent), pad([[a] * r for a, r in zip(ADV, RESP_LENS)]), pad([[1] * n for n in RESP_LENS]),
-        tau_p=stapo.tau_p, q=stapo.q,
+        pad(cur),
+        pad(ent),
+        pad([[a] * r for a, r in zip(ADV, RESP_LENS)]),
+        pad([[1] * n for n in RESP_LENS]),
+        tau_p=stapo.tau_p,
+        q=stapo.q,
     )
     assert stats["masked"] > 0
     fn = functools.partial(stapo_loss, config=cfg, stapo=stapo)
@@ -169,7 +196,9 @@ def test_current_policy_mask_single_micro_batch_is_exact():
 
 def pad(rows):
     width = max(len(r) for r in rows)
-    return torch.stack([torch.nn.functional.pad(torch.as_tensor(r, dtype=torch.float32), (0, width - len(r))) for r in rows])
+    return torch.stack(
+        [torch.nn.functional.pad(torch.as_tensor(r, dtype=torch.float32), (0, width - len(r))) for r in rows]
+    )
 
 
 def _free_port():
@@ -229,8 +258,12 @@ def test_two_gloo_ranks_current_policy_mask_uses_the_gathered_quantile():
     cfg = actor_config()
     data, cur, ent = make_batch([[1] * n for n in RESP_LENS])
     keep, stats = s2t_mask(
-        pad(cur), pad(ent), pad([[a] * r for a, r in zip(ADV, RESP_LENS)]), pad([[1] * n for n in RESP_LENS]),
-        tau_p=0.2, q=0.5,
+        pad(cur),
+        pad(ent),
+        pad([[a] * r for a, r in zip(ADV, RESP_LENS)]),
+        pad([[1] * n for n in RESP_LENS]),
+        tau_p=0.2,
+        q=0.5,
     )
     keep_rows = [keep[i, :n].tolist() for i, n in enumerate(RESP_LENS)]
     expected = hand_loss(keep_rows, cur, data, cfg)

@@ -142,8 +142,14 @@ def test_mask_for_update_uses_one_quantile_per_group():
     assert keep.tolist() == [[0, 0, 0, 0, 0], [0, 0, 1, 1, 1]]
     assert metrics["stapo/low_entropy_frac"] == pytest.approx(0.7)
     assert set(metrics) >= {
-        "stapo/masked_frac", "stapo/candidate_frac", "stapo/masked_tokens", "stapo/entropy_threshold",
-        "stapo/pos_adv_frac", "stapo/low_prob_frac", "stapo/low_entropy_frac", "stapo/kept_frac",
+        "stapo/masked_frac",
+        "stapo/candidate_frac",
+        "stapo/masked_tokens",
+        "stapo/entropy_threshold",
+        "stapo/pos_adv_frac",
+        "stapo/low_prob_frac",
+        "stapo/low_entropy_frac",
+        "stapo/kept_frac",
     }
     _, metrics = mask_for_update("top_entropy", *args[1:], None)
     assert metrics["stapo/kept_frac"] == pytest.approx(0.2)

@@ -9,20 +9,18 @@ records each mini-batch it would train on.
 import functools
 
 import pytest
+import ray
 import torch
+import transfer_queue as tq
+from omegaconf import OmegaConf
 from tensordict import TensorDict
+from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+from verl.utils import tensordict_utils as tu
 
-ray = pytest.importorskip("ray")
-tq = pytest.importorskip("transfer_queue")
-
-from omegaconf import OmegaConf  # noqa: E402
-from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync  # noqa: E402
-from verl.utils import tensordict_utils as tu  # noqa: E402
-
-from stapo.config import CONFIG_DIR, validate_training_config  # noqa: E402
-from stapo.loss import stapo_loss  # noqa: E402
-from stapo.s2t import s2t_mask  # noqa: E402
-from stapo.trainer import STAPOTrainer, minibatch_rows  # noqa: E402
+from stapo.config import CONFIG_DIR, validate_training_config
+from stapo.loss import stapo_loss
+from stapo.s2t import s2t_mask
+from stapo.trainer import STAPOTrainer, minibatch_rows
 
 N_ROWS, DP = 16, 2
 MINI_PROMPTS, ROLLOUT_N = 2, 2  # PPO mini-batch of 4 responses: 4 mini-batches, 2 rows per rank each
@@ -68,8 +66,11 @@ class StandInActorWorkerGroup:
         for rank, chunk in enumerate(batch.chunk(DP)):
             data = tq.kv_batch_get(keys=chunk.keys, partition_id=chunk.partition_id)
             it = tu.make_iterator(
-                data, mini_batch_size=info["mini_batch_size"] // DP, epochs=info["epochs"],
-                seed=info["seed"] + rank, dataloader_kwargs=info["dataloader_kwargs"],
+                data,
+                mini_batch_size=info["mini_batch_size"] // DP,
+                epochs=info["epochs"],
+                seed=info["seed"] + rank,
+                dataloader_kwargs=info["dataloader_kwargs"],
             )
             per_rank.append(list(it))
         for parts in zip(*per_rank):  # mini-batch j = the j-th local mini-batch of every rank
@@ -128,7 +129,9 @@ def test_mask_reaches_the_update_per_minibatch_and_is_restored(transfer_queue):
         rows = torch.cat([p["row"] for p in parts])
         trained = torch.cat([pad_to(p["response_mask"]) for p in parts])
         # what the workers train on == S2T over exactly this mini-batch, from the rollout's own mask
-        expected, stats = s2t_mask(*(pad_to(before[k])[rows] for k in ("old_log_probs", "entropy", "advantages", "response_mask")))
+        expected, stats = s2t_mask(
+            *(pad_to(before[k])[rows] for k in ("old_log_probs", "entropy", "advantages", "response_mask"))
+        )
         assert torch.equal(trained, expected)
         # the engine's denominator (loss_mask summed over the mini-batch on all ranks) is the kept count
         assert sum(int(p["loss_mask"].sum()) for p in parts) == int(expected.sum())
@@ -140,8 +143,14 @@ def test_mask_reaches_the_update_per_minibatch_and_is_restored(transfer_queue):
     assert torch.equal(after["loss_mask"], before["loss_mask"])
     assert metrics["stapo/masked_tokens"] == masked_total
     assert metrics["stapo/masked_frac"] == pytest.approx(masked_total / int(before["response_mask"].sum()))
-    assert {"stapo/candidate_frac", "stapo/entropy_threshold", "stapo/pos_adv_frac", "stapo/low_prob_frac",
-            "stapo/low_entropy_frac", "actor/pg_loss"} <= set(metrics)
+    assert {
+        "stapo/candidate_frac",
+        "stapo/entropy_threshold",
+        "stapo/pos_adv_frac",
+        "stapo/low_prob_frac",
+        "stapo/low_entropy_frac",
+        "actor/pg_loss",
+    } <= set(metrics)
 
 
 def pad_to(x, width=8):
@@ -170,10 +179,11 @@ def test_no_mask_for_baselines_and_current_policy_metrics_renamed(transfer_queue
     assert all(torch.equal(pad_to(p["response_mask"]), original[p["row"]]) for parts in wg.seen for p in parts)
 
     config = compose("stapo.policy_source=current", "actor_rollout_ref.actor.calculate_entropy=True")
-    wg = StandInActorWorkerGroup(update_metrics={"stapo/masked_frac": 0.25})
+    wg = StandInActorWorkerGroup(update_metrics={"stapo/masked_frac": 0.25, "stapo/masked_tokens": 3.0})
     metrics = {}
     make_trainer(config, wg)._update_actor(put_batch(seed=2), metrics)
     assert metrics["stapo/masked_frac"] == 0.25 and "actor/stapo/masked_frac" not in metrics
+    assert metrics["stapo/masked_tokens"] == 3.0 * 4  # per mini-batch (verl's mean) -> per step, 4 mini-batches
 
 
 def test_setup_installs_the_stapo_loss_and_fails_fast(monkeypatch):
