@@ -32,15 +32,19 @@ def smoke_reward(data_source, solution_str, ground_truth, extra_info=None, **kwa
     return sum(c.isdigit() for c in solution_str) / max(len(solution_str), 1)
 
 
-def build_assets(out: Path) -> tuple[Path, Path]:
+def build_assets(out: Path, tokenizer: Path | None = None, **shape) -> tuple[Path, Path]:
+    """A random Qwen3 (``shape``: Qwen3Config fields) with a BPE trained on the prompts, or with the tokenizer
+    saved in ``tokenizer``; and a parquet of 256 prompts."""
     import pandas as pd
+    from transformers import AutoTokenizer
 
     from stapo.tiny import build_model, build_tokenizer
 
     problems = [f"Compute {a} * {b} + {a + b}." for a in range(2, 40) for b in range(3, 30)]
     texts = [p + f" The answer is \\boxed{{{i}}}." for i, p in enumerate(problems)]
     model_dir = out / "model"
-    build_model(build_tokenizer(texts, model_dir), model_dir)
+    tok = AutoTokenizer.from_pretrained(tokenizer) if tokenizer else build_tokenizer(texts, model_dir)
+    build_model(tok, model_dir, **shape)
     rows = [
         {
             "data_source": "smoke",
@@ -56,7 +60,7 @@ def build_assets(out: Path) -> tuple[Path, Path]:
     return model_dir, data
 
 
-def overrides(method: str, model: Path, data: Path, gpus: int, steps: int, out: Path) -> list[str]:
+def overrides(method: str, model: Path, data: Path, gpus: int, steps: int, out: Path, audit: bool = True) -> list[str]:
     batch, n, mini = 16, 4, 8  # 64 responses per step, 2 PPO mini-batches of 32
     micro = mini * n // gpus if method == "stapo_current" else mini * n // gpus // MICRO_PER_MINI
     args = [

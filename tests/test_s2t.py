@@ -134,12 +134,12 @@ def test_mask_for_update_uses_one_quantile_per_group():
     # over the whole batch the 0.75-quantile is 1.275 and every token of row 0 goes.
     ent = t([[0.1, 0.2, 0.3, 0.4, 0.5], [1.1, 1.2, 1.3, 1.4, 1.5]])
     args = ("s2t", lp([[0.001] * 5] * 2), ent, t([[1.0] * 5] * 2), t([[1] * 5] * 2, torch.int64))
-    keep, metrics = mask_for_update(*args, [torch.tensor([0]), torch.tensor([1])])
-    assert keep.tolist() == [[0, 0, 0, 1, 1], [0, 0, 0, 1, 1]]
+    silenced, metrics = mask_for_update(*args, [torch.tensor([0]), torch.tensor([1])])
+    assert (~silenced).long().tolist() == [[0, 0, 0, 1, 1], [0, 0, 0, 1, 1]]
     assert metrics["stapo/masked_tokens"] == 6 and metrics["stapo/masked_frac"] == pytest.approx(0.6)
     assert metrics["stapo/candidate_frac"] == 1.0 and metrics["stapo/entropy_threshold"] == pytest.approx(0.9)
-    keep, metrics = mask_for_update(*args, None)
-    assert keep.tolist() == [[0, 0, 0, 0, 0], [0, 0, 1, 1, 1]]
+    silenced, metrics = mask_for_update(*args, None)
+    assert (~silenced).long().tolist() == [[0, 0, 0, 0, 0], [0, 0, 1, 1, 1]]
     assert metrics["stapo/low_entropy_frac"] == pytest.approx(0.7)
     assert set(metrics) >= {
         "stapo/masked_frac",
@@ -155,3 +155,44 @@ def test_mask_for_update_uses_one_quantile_per_group():
     assert metrics["stapo/kept_frac"] == pytest.approx(0.2)
     with pytest.raises(ValueError, match="unknown mask method"):
         mask_for_update("random", *args[1:], None)
+
+
+def random_batch(seed, rows=12, width=9):
+    gen = torch.Generator().manual_seed(seed)
+    lens = torch.randint(1, width + 1, (rows,), generator=gen)
+    mask = (torch.arange(width)[None, :] < lens[:, None]).long()
+    mask[0, 0] = 0  # an interior zero, as multi-turn masks have
+    log_probs = torch.log(torch.rand(rows, width, generator=gen) * 0.004)  # about half below 0.002
+    entropy = torch.rand(rows, width, generator=gen)
+    advantages = torch.randn(rows, 1, generator=gen).expand(rows, width) * mask
+    return log_probs, entropy, advantages, mask, lens.tolist()
+
+
+@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("method", ["s2t", "top_entropy"])
+def test_batch_path_equals_the_single_mask_on_each_group(seed, method):
+    """mask_for_update (whole batch at once, padded or nested) == s2t_mask / top_entropy_mask per group."""
+    log_probs, entropy, advantages, mask, lens = random_batch(seed)
+    groups = [torch.tensor([0, 5, 7, 2]), torch.tensor([1, 3, 4, 6]), torch.tensor([8, 9, 10, 11])]
+    silenced, metrics = mask_for_update(method, log_probs, entropy, advantages, mask, groups, tau_p=0.002, q=0.6)
+    expected, masked, thresholds = mask.clone(), 0, []
+    for rows in groups:
+        if method == "s2t":
+            keep, stats = s2t_mask(log_probs[rows], entropy[rows], advantages[rows], mask[rows], 0.002, 0.6)
+        else:
+            keep, stats = top_entropy_mask(entropy[rows], mask[rows], 0.2)
+        expected[rows] = keep
+        masked += stats["masked"]
+        thresholds.append(stats["entropy_threshold"])
+    assert torch.equal(mask * ~silenced, expected)
+    assert metrics["stapo/masked_tokens"] == masked > 0
+    finite = [x for x in thresholds if not math.isnan(x)]  # a group without candidates has no threshold
+    assert metrics["stapo/entropy_threshold"] == pytest.approx(sum(finite) / len(finite))
+
+    as_nested = [
+        torch.nested.as_nested_tensor([x[i, :n] for i, n in enumerate(lens)], layout=torch.jagged)
+        for x in (log_probs, entropy, advantages, mask)
+    ]
+    flat_silenced, flat_metrics = mask_for_update(method, *as_nested, groups, tau_p=0.002, q=0.6)
+    assert torch.equal(flat_silenced, torch.cat([silenced[i, :n] for i, n in enumerate(lens)]))
+    assert flat_metrics == pytest.approx(metrics, nan_ok=True)

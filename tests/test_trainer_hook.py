@@ -7,6 +7,7 @@ records each mini-batch it would train on.
 """
 
 import functools
+import json
 
 import pytest
 import ray
@@ -111,10 +112,12 @@ def make_trainer(config, wg):
     trainer.config = config
     trainer.stapo = validate_training_config(config)
     trainer.actor_rollout_wg = wg
+    trainer.global_steps = 1
     return trainer
 
 
-def test_mask_reaches_the_update_per_minibatch_and_is_restored(transfer_queue):
+def test_mask_reaches_the_update_per_minibatch_and_is_restored(transfer_queue, tmp_path, monkeypatch):
+    monkeypatch.setenv("STAPO_AUDIT_DIR", str(tmp_path))
     config = compose()
     wg = StandInActorWorkerGroup()
     trainer = make_trainer(config, wg)
@@ -142,6 +145,11 @@ def test_mask_reaches_the_update_per_minibatch_and_is_restored(transfer_queue):
     assert torch.equal(after["response_mask"], before["response_mask"])  # restored for metrics and logging
     assert torch.equal(after["loss_mask"], before["loss_mask"])
     assert metrics["stapo/masked_tokens"] == masked_total
+    (record,) = [json.loads(line) for line in next(tmp_path.glob("driver-*.jsonl")).read_text().splitlines()]
+    tokens = int(before["response_mask"].sum())
+    assert record["masked_tokens"] == masked_total and record["response_tokens"] == record["loss_tokens"] == tokens
+    assert record["during_update"] == {"response_mask": tokens - masked_total, "loss_mask": tokens - masked_total}
+    assert record["after_update"] == {"response_mask": tokens, "loss_mask": tokens}
     assert metrics["stapo/masked_frac"] == pytest.approx(masked_total / int(before["response_mask"].sum()))
     assert {
         "stapo/candidate_frac",
