@@ -123,7 +123,7 @@ def bench_gpu(args) -> dict:
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": args.micro_batch,
         "actor_rollout_ref.actor.entropy_checkpointing": True,
         "actor_rollout_ref.actor.optim.lr": 1e-6,
-        "ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES": "stapo.plugin,benchmark",
+        "ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES": "'stapo.plugin,benchmark'",
         "+ray_kwargs.ray_init.runtime_env.env_vars.STAPO_BENCH_STEPS": args.steps,
     }
     base = [o for o in overrides("stapo", model, data, 1, steps, out, audit=False) if o.split("=")[0] not in changes]
