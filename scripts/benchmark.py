@@ -124,7 +124,7 @@ def bench_gpu(args) -> dict:
         "actor_rollout_ref.actor.entropy_checkpointing": True,
         "actor_rollout_ref.actor.optim.lr": 1e-6,
         "ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES": "'stapo.plugin,benchmark'",
-        "+ray_kwargs.ray_init.runtime_env.env_vars.STAPO_BENCH_STEPS": args.steps,
+        "+ray_kwargs.ray_init.runtime_env.env_vars.STAPO_BENCH_STEPS": f"'{args.steps}'",  # env vars are strings
     }
     base = [o for o in overrides("stapo", model, data, 1, steps, out, audit=False) if o.split("=")[0] not in changes]
     cmd = [sys.executable, "-m", "stapo.train", "--config-name=stapo", *base, *(f"{k}={v}" for k, v in changes.items())]

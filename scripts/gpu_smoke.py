@@ -95,9 +95,10 @@ def overrides(method: str, model: Path, data: Path, gpus: int, steps: int, out: 
         "trainer.save_freq=-1",
         'trainer.logger=["console","file"]',
         f"trainer.default_local_dir={out / 'ckpt'}",
-        f"+ray_kwargs.ray_init.runtime_env.env_vars.STAPO_AUDIT_DIR={out / 'audit'}",
         f"+ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH={out / 'metrics.jsonl'}",
     ]
+    if audit:
+        args.append(f"+ray_kwargs.ray_init.runtime_env.env_vars.STAPO_AUDIT_DIR={out / 'audit'}")
     if method == "stapo_current":
         args += [
             "stapo.policy_source=current",
