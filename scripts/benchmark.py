@@ -147,7 +147,7 @@ def bench_gpu(args) -> dict:
             "steps": len(steps_of_phase),
             "step_s": statistics.median(r["timing_s/step"] for r in steps_of_phase),
             "update_actor_s": statistics.median(r["timing_s/update_actor"] for r in steps_of_phase),
-            "peak_mem_gb": max(r["perf/max_memory_allocated_gb"] for r in steps_of_phase),
+            "peak_mem_gb": max(r["actor/perf/max_memory_allocated_gb"] for r in steps_of_phase),
             "response_length": statistics.mean(r["response_length/mean"] for r in steps_of_phase),
             "masked_frac": statistics.mean(r.get("stapo/masked_frac", 0.0) for r in steps_of_phase),
         }
