@@ -71,8 +71,8 @@ def bench_mask(responses: int, length: int, repeats: int) -> dict:
     }
 
 
-def register_bench_trainer(steps_per_phase: int) -> None:
-    """The trainer mode ``stapo_bench``: STAPO's trainer that switches method every ``steps_per_phase`` steps."""
+def register_bench_trainer() -> None:
+    """The trainer mode ``stapo_bench``: STAPO's trainer that switches method every step (see PHASES)."""
     from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY, register_trainer
     from verl.utils.config import omega_conf_to_dataclass
     from verl.workers.utils.losses import ppo_loss
@@ -92,7 +92,7 @@ def register_bench_trainer(steps_per_phase: int) -> None:
     @register_trainer(TRAINER_MODE)
     class BenchTrainer(STAPOTrainer):
         def _update_actor(self, batch, metrics):
-            phase = PHASES[min((self.global_steps - 1) // steps_per_phase, len(PHASES) - 1)]
+            phase = PHASES[(self.global_steps - 1) % len(PHASES)]
             if getattr(self, "_phase", None) != phase:
                 self._phase, self.stapo = phase, configs[phase]
                 actor = self.config.actor_rollout_ref.actor
@@ -114,7 +114,7 @@ def bench_gpu(args) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     shape = QWEN3_0_6B if args.model == "qwen3_0.6b" else {}
     model, data = build_assets(out, tokenizer=args.tokenizer, **shape)
-    steps = args.steps * len(PHASES)
+    steps = args.cycles * len(PHASES)
     changes = {
         "stapo.mask": "none",
         "trainer.v1.trainer_mode": TRAINER_MODE,
@@ -124,7 +124,9 @@ def bench_gpu(args) -> dict:
         "actor_rollout_ref.actor.entropy_checkpointing": True,
         "actor_rollout_ref.actor.optim.lr": 1e-6,
         "ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES": "'stapo.plugin,benchmark'",
-        "+ray_kwargs.ray_init.runtime_env.env_vars.STAPO_BENCH_STEPS": f"'{args.steps}'",  # env vars are strings
+        "+ray_kwargs.ray_init.runtime_env.env_vars.STAPO_BENCH": "'1'",  # env vars must be strings
+        "data.train_batch_size": args.prompts,
+        "actor_rollout_ref.actor.ppo_mini_batch_size": args.prompts // 2,
     }
     base = [o for o in overrides("stapo", model, data, 1, steps, out, audit=False) if o.split("=")[0] not in changes]
     cmd = [sys.executable, "-m", "stapo.train", "--config-name=stapo", *base, *(f"{k}={v}" for k, v in changes.items())]
@@ -132,7 +134,7 @@ def bench_gpu(args) -> dict:
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parent), os.environ.get("PYTHONPATH", "")]),
         "VERL_FILE_LOGGER_PATH": str(out / "metrics.jsonl"),
-        "STAPO_BENCH_STEPS": str(args.steps),
+        "STAPO_BENCH": "1",
     }
     start = time.time()
     with open(out / "train.log", "w") as log:
@@ -142,14 +144,17 @@ def bench_gpu(args) -> dict:
     rows = [r["data"] for r in read_jsonl([out / "metrics.jsonl"]) if "bench/phase" in r["data"]]
     result = {"model": args.model, "response_length": args.response_length, "wall_s": round(time.time() - start)}
     for i, phase in enumerate(PHASES):
-        steps_of_phase = [r for r in rows if r["bench/phase"] == i][1:]  # first step of a phase: warm-up
+        runs = [r for r in rows if r["bench/phase"] == i]
+        timed = runs[1:]  # the first round is warm-up
         result[phase] = {
-            "steps": len(steps_of_phase),
-            "step_s": statistics.median(r["timing_s/step"] for r in steps_of_phase),
-            "update_actor_s": statistics.median(r["timing_s/update_actor"] for r in steps_of_phase),
-            "peak_mem_gb": max(r["actor/perf/max_memory_allocated_gb"] for r in steps_of_phase),
-            "response_length": statistics.mean(r["response_length/mean"] for r in steps_of_phase),
-            "masked_frac": statistics.mean(r.get("stapo/masked_frac", 0.0) for r in steps_of_phase),
+            "steps": len(timed),
+            "step_s": statistics.median(r["timing_s/step"] for r in timed),
+            "update_actor_s": statistics.median(r["timing_s/update_actor"] for r in timed),
+            "step_s_all": [round(r["timing_s/step"], 3) for r in runs],
+            "update_actor_s_all": [round(r["timing_s/update_actor"], 3) for r in runs],
+            "peak_mem_gb": runs[0]["actor/perf/max_memory_allocated_gb"],
+            "response_length": statistics.mean(r["response_length/mean"] for r in timed),
+            "masked_frac": statistics.mean(r.get("stapo/masked_frac", 0.0) for r in timed),
         }
     for phase in PHASES[1:]:
         for key in ("step_s", "update_actor_s", "peak_mem_gb"):
@@ -168,7 +173,8 @@ def main() -> None:
     gpu.add_argument("--out", type=Path, required=True)
     gpu.add_argument("--model", choices=["tiny", "qwen3_0.6b"], default="tiny")
     gpu.add_argument("--tokenizer", type=Path, help="HF tokenizer dir (default: a small BPE trained on the prompts)")
-    gpu.add_argument("--steps", type=int, default=4, help="steps per phase; the first of each is warm-up")
+    gpu.add_argument("--cycles", type=int, default=6, help="rounds of the three methods; the first is warm-up")
+    gpu.add_argument("--prompts", type=int, default=16, help="prompts per step (4 responses each)")
     gpu.add_argument("--response-length", type=int, default=64)
     gpu.add_argument("--micro-batch", type=int, default=16)
     args = parser.parse_args()
@@ -176,8 +182,8 @@ def main() -> None:
     print(json.dumps(result, indent=1))
 
 
-if os.environ.get("STAPO_BENCH_STEPS"):  # imported by verl in the Ray processes of a `gpu` run
-    register_bench_trainer(int(os.environ["STAPO_BENCH_STEPS"]))
+if os.environ.get("STAPO_BENCH"):  # imported by verl in the Ray processes of a `gpu` run
+    register_bench_trainer()
 
 if __name__ == "__main__":
     main()
