@@ -14,10 +14,10 @@ setup(
     python_requires=">=3.10,<3.13",
     packages=find_packages(include=["stapo", "stapo.*"]) + ["stapo.configs"],
     package_dir={"stapo.configs": "configs"},
-    package_data={"stapo.configs": ["*.yaml", "size/*.yaml"]},
+    package_data={"stapo.configs": ["*.yaml", "size/*.yaml"], "stapo": ["paper_table.json"]},
     # No torch pin here: verl's core deps need torch, and which build (CPU, CUDA 13) is the installer's choice.
     # CPU machines install the CPU wheel in the same pip command (README); GPU clusters use the `gpu` extra.
-    install_requires=["verl[verl-core,math]==0.9.1"],
+    install_requires=["verl[verl-core,math]==0.9.1", "matplotlib"],
     extras_require={
         # What verl 0.9.1 pins for vLLM rollouts and FSDP training: torch 2.11, vLLM 0.24, transformers 5.9,
         # flash-attn 2.8.3 (needs CUDA to build).

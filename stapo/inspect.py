@@ -1,0 +1,237 @@
+"""Spurious-token inspector: the tokens of given rollouts that the S2T mask silences, in the paper's appendix form.
+
+    python -m stapo.inspect --model DIR --rollouts FILE [FILE ...] [--tau-p 0.002] [--q 0.75] [--max-samples N]
+                            [--context 20] [--top-k 5] [--show 50] [--out FILE.jsonl]
+
+Rollouts are verl's rollout dumps (``trainer.rollout_data_dir``: one ``<step>.jsonl`` per step, lines with ``input``,
+``output``, ``score`` and, from the V1 trainer, ``uid`` = ``<prompt uid>_<session>_<index>``) or the sample files of
+``python -m stapo.eval``. Advantages are recomputed GRPO-style with verl's ``compute_grpo_outcome_advantage``,
+(r - mean) / (std + 1e-6) over the samples of the same prompt; token probabilities and entropies are recomputed with
+transformers; :func:`stapo.s2t.s2t_mask` is applied to all inspected samples as one mini-batch (STAPO, arXiv
+2602.15620, eq. I^S2T). Each silenced token is listed with its context, probability, entropy, top-k alternatives
+and advantage, as in the paper's appendix examples.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from stapo.eval import write_atomic
+from stapo.s2t import s2t_mask
+
+EVAL_KEYS = ("benchmark", "problem_id", "sample", "prompt", "response", "score")
+DUMP_KEYS = ("input", "output", "score")
+# verl decodes dumped prompts with skip_special_tokens=True: Qwen's "<|im_start|>user\n...<|im_end|>\n
+# <|im_start|>assistant\n" becomes "user\n...\nassistant\n", from which the user message is recovered.
+_DECODED_CHAT = re.compile(r"user\n(?P<content>.*)\nassistant\n?", re.S)
+
+
+class InspectError(ValueError):
+    """Bad input; the message names the file and line at fault."""
+
+
+@dataclass(frozen=True)
+class Rollout:
+    name: str  # file:line
+    group: str  # samples of the same prompt (GRPO group) share it
+    prompt: str  # as the model saw it, chat template applied
+    response: str
+    score: float
+
+
+@dataclass(frozen=True)
+class TokenStats:
+    """Per response token: id, log-probability, entropy (natural log) and the top-k alternatives."""
+
+    ids: list[int]
+    log_probs: torch.Tensor
+    entropy: torch.Tensor
+    top_ids: torch.Tensor
+    top_probs: torch.Tensor
+
+
+def read_rollouts(paths: Sequence[Path], tokenizer) -> list[Rollout]:
+    """Rollouts of eval sample files or verl rollout dumps (detected per line)."""
+    rollouts = []
+    for path in map(Path, paths):
+        if not path.is_file():
+            raise InspectError(f"{path}: no such file")
+        with path.open(encoding="utf-8") as lines:
+            for number, line in enumerate(lines, 1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as error:
+                    raise InspectError(f"{path}:{number}: not valid JSON ({error})") from None
+                rollouts.append(_rollout(record, f"{path}:{number}", tokenizer))
+    if not rollouts:
+        raise InspectError(f"no rollouts in {', '.join(map(str, paths))}")
+    return rollouts
+
+
+def _rollout(record: dict, name: str, tokenizer) -> Rollout:
+    if all(key in record for key in EVAL_KEYS):
+        group = f"{record['benchmark']}/{record['problem_id']}"
+        return Rollout(name, group, record["prompt"], record["response"], float(record["score"]))
+    if all(key in record for key in DUMP_KEYS):
+        parts = str(record.get("uid", "")).rsplit("_", 2)
+        prompt_key = parts[0] if len(parts) == 3 else record["input"]
+        group = f"{name.rpartition(':')[0]}/{prompt_key}"
+        match = _DECODED_CHAT.fullmatch(record["input"])
+        if match is None:
+            raise InspectError(
+                f"{name}: cannot recover the chat prompt from 'input' (expected 'user\\n...\\nassistant')"
+            )
+        messages = [{"role": "user", "content": match["content"]}]
+        prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return Rollout(name, group, prompt, record["output"], float(record["score"]))
+    raise InspectError(
+        f"{name}: unknown record; expected eval samples ({', '.join(EVAL_KEYS)}) or a verl rollout dump "
+        f"({', '.join(DUMP_KEYS)}, uid)"
+    )
+
+
+def grpo_advantages(rollouts: Sequence[Rollout]) -> torch.Tensor:
+    """GRPO advantages of the rollouts' scores, grouped by prompt, with verl's own estimator."""
+    import numpy as np
+    from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
+
+    scores = torch.tensor([[r.score] for r in rollouts], dtype=torch.float32)
+    groups = np.array([r.group for r in rollouts], dtype=object)
+    advantages, _ = compute_grpo_outcome_advantage(scores, torch.ones_like(scores), groups)
+    return advantages[:, 0]
+
+
+@torch.no_grad()
+def token_stats(model, tokenizer, rollout: Rollout, top_k: int = 5, temperature: float = 1.0) -> TokenStats:
+    """Probabilities and entropies of the response tokens given the prompt (logits / temperature, as verl).
+
+    The response text is re-tokenized, which may differ from the sampled tokens where the text has several
+    tokenizations. The vocabulary projection runs in chunks so that long responses fit in memory.
+    """
+    prompt_ids = tokenizer(rollout.prompt, add_special_tokens=False)["input_ids"]
+    ids = tokenizer(rollout.response, add_special_tokens=False)["input_ids"]
+    device = next(model.parameters()).device
+    hidden = model.base_model(input_ids=torch.tensor([prompt_ids + ids], device=device)).last_hidden_state
+    hidden = hidden[0, len(prompt_ids) - 1 : -1]  # position t predicts response token t
+    targets = torch.tensor(ids, dtype=torch.long, device=device)
+    chunks = [
+        _distribution_stats(
+            model.get_output_embeddings()(hidden[start : start + 1024]).float() / temperature,
+            targets[start : start + 1024],
+            top_k,
+        )
+        for start in range(0, max(len(ids), 1), 1024)
+    ]
+    return TokenStats(ids, *(torch.cat(parts).cpu() for parts in zip(*chunks)))
+
+
+def _distribution_stats(logits: torch.Tensor, targets: torch.Tensor, top_k: int) -> tuple[torch.Tensor, ...]:
+    """log p of ``targets``, entropy (verl's ``entropy_from_logits``), top-k ids and probabilities."""
+    from verl.utils.torch_functional import entropy_from_logits
+
+    log_probs = torch.log_softmax(logits, dim=-1)
+    top = log_probs.topk(min(top_k, log_probs.shape[-1]), dim=-1)
+    return log_probs.gather(-1, targets[:, None])[:, 0], entropy_from_logits(logits), top.indices, top.values.exp()
+
+
+def silenced_tokens(
+    rollouts: Sequence[Rollout],
+    stats: Sequence[TokenStats],
+    advantages: torch.Tensor,
+    tokenizer,
+    tau_p: float = 0.002,
+    q: float = 0.75,
+    context: int = 20,
+) -> tuple[list[dict], dict]:
+    """The tokens :func:`stapo.s2t.s2t_mask` silences, all rollouts forming one mini-batch, and the mask stats."""
+    length = max((len(s.ids) for s in stats), default=0)
+    shape = (len(stats), length)
+    log_probs, entropy, mask = torch.zeros(shape), torch.zeros(shape), torch.zeros(shape, dtype=torch.long)
+    for row, s in enumerate(stats):
+        log_probs[row, : len(s.ids)], entropy[row, : len(s.ids)], mask[row, : len(s.ids)] = s.log_probs, s.entropy, 1
+    keep, mask_stats = s2t_mask(log_probs, entropy, advantages[:, None].expand(shape), mask, tau_p=tau_p, q=q)
+    found = []
+    for row, position in (mask.bool() & ~keep.bool()).nonzero().tolist():
+        s = stats[row]
+        found.append(
+            {
+                "rollout": rollouts[row].name,
+                "group": rollouts[row].group,
+                "position": position,
+                "token": tokenizer.decode([s.ids[position]]),
+                "before": tokenizer.decode(s.ids[max(0, position - context) : position]),
+                "after": tokenizer.decode(s.ids[position + 1 : position + 1 + context]),
+                "prob": float(s.log_probs[position].exp()),
+                "entropy": float(s.entropy[position]),
+                "top": [
+                    [tokenizer.decode([int(i)]), float(p)] for i, p in zip(s.top_ids[position], s.top_probs[position])
+                ],
+                "advantage": float(advantages[row]),
+                "score": rollouts[row].score,
+            }
+        )
+    return found, mask_stats
+
+
+def format_token(number: int, token: dict) -> str:
+    """One silenced token as in the paper's appendix: context, probability, entropy, alternatives, advantage."""
+    alternatives = " | ".join(f"{text!r} {prob:.4f}" for text, prob in token["top"])
+    return (
+        f"[{number}] {token['rollout']}  response token {token['position']}  advantage {token['advantage']:+.3f}\n"
+        f"    ...{token['before']}⟦{token['token']}⟧{token['after']}...\n"
+        f"    p = {token['prob']:.5f}   H = {token['entropy']:.4f}\n"
+        f"    top-{len(token['top'])}: {alternatives}"
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Command-line entry point (``python -m stapo.inspect``)."""
+    parser = argparse.ArgumentParser(prog="python -m stapo.inspect", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", type=Path, required=True, help="Hugging Face model folder (policy to inspect)")
+    parser.add_argument("--rollouts", type=Path, nargs="+", required=True, help="verl rollout dumps or eval samples")
+    parser.add_argument("--tau-p", type=float, default=0.002, help="probability threshold τ_p (paper: 0.002)")
+    parser.add_argument("--q", type=float, default=0.75, help="entropy quantile q (paper: 0.75)")
+    parser.add_argument("--temperature", type=float, default=1.0, help="logit temperature (training rollouts: 1.0)")
+    parser.add_argument("--max-samples", type=int, help="inspect only the first N samples (advantages use all)")
+    parser.add_argument("--context", type=int, default=20, help="context tokens shown on each side")
+    parser.add_argument("--top-k", type=int, default=5, help="alternatives shown per token")
+    parser.add_argument("--show", type=int, default=50, help="silenced tokens printed (all go to --out)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--out", type=Path, help="write every silenced token to this JSONL file")
+    args = parser.parse_args(argv)
+    try:
+        if not (args.model / "config.json").is_file():
+            raise InspectError(f"{args.model}: no config.json; pass a Hugging Face model folder")
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(args.model)
+        rollouts = read_rollouts(args.rollouts, tokenizer)
+        advantages = grpo_advantages(rollouts)[: args.max_samples]
+        rollouts = rollouts[: args.max_samples]
+        model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).to(args.device).eval()
+        stats = [token_stats(model, tokenizer, r, args.top_k, args.temperature) for r in rollouts]
+        tokens, mask_stats = silenced_tokens(rollouts, stats, advantages, tokenizer, args.tau_p, args.q, args.context)
+    except (InspectError, ValueError) as error:
+        parser.exit(2, f"error: {error}\n")
+    print(
+        f"{len(rollouts)} samples, {mask_stats['tokens']} response tokens, {mask_stats['candidates']} candidates "
+        f"(A > 0, p < {args.tau_p}), {mask_stats['masked']} silenced (H < τ_h = {mask_stats['entropy_threshold']:.4f})"
+    )
+    for number, token in enumerate(tokens[: args.show], 1):
+        print(format_token(number, token))
+    if args.out:
+        write_atomic(args.out, "".join(json.dumps(t, ensure_ascii=False) + "\n" for t in tokens))
+        print(f"wrote {len(tokens)} tokens to {args.out}")
+
+
+if __name__ == "__main__":
+    main()

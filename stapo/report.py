@@ -1,0 +1,393 @@
+"""Paper-style result tables and training curves (STAPO, arXiv 2602.15620).
+
+    python -m stapo.report table [SUMMARY|DIR ...] [--paper] [--method stapo] [--out DIR]
+    python -m stapo.report plot [LABEL=]LOG [[LABEL=]LOG ...] [--out DIR]
+
+``table`` reads the ``summary.json`` files of ``python -m stapo.eval`` (each labelled with its method and size) and
+writes the paper's main table as ``table.md``, ``table.tex`` and ``table.csv``: avg@n on the six benchmarks, their
+mean (Avg) and the relative gain of ``--method`` over the strongest other method at the same size and preset.
+``--paper`` adds the published v1 table (stapo/paper_table.json), alone or side by side with the runs.
+
+``plot`` draws actor entropy, mean reward, validation accuracy and ``stapo/masked_frac`` against the step, one line
+per run, from verl's file logger (JSONL), its console output or a TensorBoard run folder. docs/evaluation.md shows
+examples.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import math
+import re
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from stapo.data import BENCHMARKS
+from stapo.eval import METHODS, PRESETS, SIZES, SUMMARY_FILE, write_atomic
+
+BENCHMARK_TITLES = ("AIME24", "AIME25", "AMC23", "MATH500", "Minerva", "Olympiad")
+METHOD_TITLES = {"grpo": "GRPO", "entropy20": "20-Entropy", "justrl": "JustRL", "stapo": "STAPO"}
+SIZE_TITLES = {"qwen3_1.7b": "1.7B", "qwen3_8b": "8B", "qwen3_14b": "14B"}
+SOURCES = ("paper", "ours")
+DEFAULT_REPORT = Path("outputs/report")
+
+PLOTS = {
+    "entropy": ("actor/entropy", "actor entropy"),
+    "reward": ("critic/score/mean", "mean reward"),
+    "masked_frac": ("stapo/masked_frac", "stapo/masked_frac (silenced share of tokens)"),
+}
+"""Figure name -> (verl metric, axis label). Validation accuracy adds one figure per ``val-core`` data source."""
+_VALIDATION = re.compile(r"val-core/(?P<source>.+)/acc/mean@\d+")
+_CONSOLE = re.compile(r"\bstep:(\d+) - (.*)")
+_WRAPPED = re.compile(r"[\w.]+\(([^,]*).*\)")  # np.float64(0.5), tensor(0.5, device='cuda:0')
+
+
+class ReportError(ValueError):
+    """Bad input; the message names the file at fault and the fix."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One table row under one decoding preset: the six benchmark scores, then Avg (None where missing)."""
+
+    source: str  # "paper" or "ours"
+    size: str
+    method: str
+    preset: str
+    scores: tuple[float | None, ...]
+
+    @property
+    def average(self) -> float | None:
+        return self.scores[-1]
+
+
+# ---------------------------------------------------------------------------------------------------------- tables
+def paper_table() -> dict:
+    """The published v1 table with its headline numbers and notes (stapo/paper_table.json)."""
+    return json.loads(resources.files("stapo").joinpath("paper_table.json").read_text(encoding="utf-8"))
+
+
+def paper_entries() -> list[Entry]:
+    """The published table as entries (Avg as published)."""
+    return [
+        Entry("paper", row["size"], row["method"], preset, tuple(row[preset]))
+        for row in paper_table()["rows"]
+        for preset in PRESETS
+    ]
+
+
+def find_summaries(paths: Iterable[Path]) -> list[Path]:
+    """``summary.json`` files given directly or found below the given folders."""
+    found = []
+    for path in map(Path, paths):
+        if path.is_dir():
+            found += sorted(path.rglob(SUMMARY_FILE))
+        elif path.is_file():
+            found.append(path)
+        else:
+            raise ReportError(f"{path}: no such file or folder")
+    return found
+
+
+def summary_entry(path: Path) -> Entry:
+    """The entry of one eval summary; it must carry known method, size and preset labels."""
+    summary = json.loads(Path(path).read_text(encoding="utf-8"))
+    for field, allowed in (("method", METHODS), ("size", SIZES), ("preset", PRESETS)):
+        if summary.get(field) not in allowed:
+            raise ReportError(
+                f"{path}: field {field!r} is {summary.get(field)!r}, expected one of {', '.join(allowed)}; re-run "
+                f"`python -m stapo.eval` with --{field} (finished samples are reused) or set it in the file"
+            )
+    scores = [summary["benchmarks"].get(bench, {}).get("avg") for bench in BENCHMARKS]
+    return Entry("ours", summary["size"], summary["method"], summary["preset"], (*scores, summary.get("average")))
+
+
+def load_entries(paths: Iterable[Path]) -> list[Entry]:
+    """Entries of all summaries under ``paths``; two runs with the same method, size and preset are an error."""
+    entries, origin = [], {}
+    for path in find_summaries(paths):
+        entry = summary_entry(path)
+        key = (entry.size, entry.method, entry.preset)
+        if key in origin:
+            raise ReportError(f"{path} and {origin[key]} are both {' '.join(key)}; pass only one of them")
+        origin[key] = path
+        entries.append(entry)
+    return entries
+
+
+def relative_gains(entries: Sequence[Entry], method: str) -> dict[tuple[str, str], dict[str, float]]:
+    """``(source, preset) -> {size: gain %}``: the relative gain in Avg of ``method`` over the strongest other method
+    at that size, source and preset (the paper's definition), where both exist."""
+    gains: dict[tuple[str, str], dict[str, float]] = {}
+    for target in entries:
+        if target.method != method or target.average is None:
+            continue
+        others = [
+            e.average
+            for e in entries
+            if (e.source, e.size, e.preset) == (target.source, target.size, target.preset)
+            and e.method != method
+            and e.average is not None
+        ]
+        if others:
+            gains.setdefault((target.source, target.preset), {})[target.size] = 100 * (target.average / max(others) - 1)
+    return gains
+
+
+def headline(gains: dict[str, float]) -> float:
+    """The paper's headline number: the mean over sizes of the relative gains."""
+    return statistics.fmean(gains.values())
+
+
+@dataclass
+class Table:
+    """A rendered table: header, rows of cell strings, and the lines printed under it."""
+
+    header: list[str]
+    rows: list[list[str]]
+    sizes: list[str]  # size of each row, for rules between sizes
+    notes: list[str]
+
+
+def _cell(values: Sequence[float | None], suffix: str = "") -> str:
+    """``"a (b)"``: the first preset's value, the second's in parentheses (the paper's layout)."""
+    texts = ["–" if v is None else f"{v:.2f}{suffix}" for v in values]
+    return texts[0] if len(texts) == 1 else f"{texts[0]} ({', '.join(texts[1:])})"
+
+
+def build_table(entries: Sequence[Entry], method: str = "stapo") -> Table:
+    """The paper-style table of ``entries``; with both sources, each paper row is followed by the run's row."""
+    presets = [p for p in PRESETS if any(e.preset == p for e in entries)]
+    sources = [s for s in SOURCES if any(e.source == s for e in entries)]
+    by_key = {(e.source, e.size, e.method, e.preset): e for e in entries}
+    gains = relative_gains(entries, method)
+    keys = sorted(
+        {(e.size, e.method, e.source) for e in entries},
+        key=lambda k: (SIZES.index(k[0]), METHODS.index(k[1]), SOURCES.index(k[2])),
+    )
+    header = ["Size", "Method"] + (["Source"] if len(sources) > 1 else []) + [*BENCHMARK_TITLES, "Avg"]
+    header.append(f"Gain of {METHOD_TITLES[method]}")
+    rows, sizes = [], []
+    for size, name, source in keys:
+        found = [by_key.get((source, size, name, preset)) for preset in presets]
+        cells = [_cell([e.scores[i] if e else None for e in found]) for i in range(len(BENCHMARKS) + 1)]
+        gain = _cell([gains.get((source, p), {}).get(size) for p in presets], "%") if name == method else ""
+        label = [SIZE_TITLES[size], METHOD_TITLES[name]] + ([source] if len(sources) > 1 else [])
+        rows.append(label + cells + [gain])
+        sizes.append(size)
+    notes = [_presets_note(presets)]
+    for source in sources:
+        means = [f"{headline(gains[(source, p)]):.2f}% ({p})" for p in presets if gains.get((source, p))]
+        if means:
+            notes.append(f"{source}: mean relative gain of {METHOD_TITLES[method]} over sizes: {', '.join(means)}")
+    if "paper" in sources:
+        table = paper_table()
+        published = table["headline"]
+        notes += [
+            f"paper, published: v1 {published['v1']['train']['mean']}% / {published['v1']['justrl']['mean']}%, "
+            f"v4/v5 {published['v4_v5']['train']['mean']}% / {published['v4_v5']['justrl']['mean']}% "
+            "(train / justrl)",
+            *table["notes"],
+        ]
+    return Table(header, rows, sizes, notes)
+
+
+def _presets_note(presets: Sequence[str]) -> str:
+    described = [f"{p} (T={PRESETS[p].temperature}, top-p={PRESETS[p].top_p})" for p in presets]
+    return "Cells: " + described[0] + "".join(f", in parentheses: {d}" for d in described[1:]) + "."
+
+
+def to_markdown(table: Table) -> str:
+    left = len(table.header) - len(BENCHMARKS) - 2
+    lines = ["| " + " | ".join(table.header) + " |", "|" + "---|" * left + "--:|" * (len(BENCHMARKS) + 2)]
+    lines += ["| " + " | ".join(row) + " |" for row in table.rows]
+    return "\n".join(lines + [""] + [f"- {note}" for note in table.notes]) + "\n"
+
+
+def _latex(text: str) -> str:
+    for plain, escaped in (("\\", "\\textbackslash{}"), ("%", "\\%"), ("&", "\\&"), ("_", "\\_"), ("–", "--")):
+        text = text.replace(plain, escaped)
+    return text
+
+
+def to_latex(table: Table) -> str:
+    spec = "l" * (len(table.header) - len(BENCHMARKS) - 2) + "r" * (len(BENCHMARKS) + 2)
+    lines = [f"\\begin{{tabular}}{{{spec}}}", "\\toprule", " & ".join(map(_latex, table.header)) + " \\\\", "\\midrule"]
+    for i, row in enumerate(table.rows):
+        if i and table.sizes[i] != table.sizes[i - 1]:
+            lines.append("\\midrule")
+        lines.append(" & ".join(map(_latex, row)) + " \\\\")
+    lines += ["\\bottomrule", "\\end{tabular}"] + [f"% {note}" for note in table.notes]
+    return "\n".join(lines) + "\n"
+
+
+def _entry_order(e: Entry) -> tuple[int, ...]:
+    return list(PRESETS).index(e.preset), SOURCES.index(e.source), SIZES.index(e.size), METHODS.index(e.method)
+
+
+def to_csv(entries: Sequence[Entry], method: str = "stapo") -> str:
+    """One line per entry and preset (long form), with the gain on ``method``'s lines."""
+    gains = relative_gains(entries, method)
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(["source", "size", "method", "preset", *BENCHMARKS, "avg", f"gain_of_{method}_pct"])
+    for e in sorted(entries, key=_entry_order):
+        gain = gains.get((e.source, e.preset), {}).get(e.size) if e.method == method else None
+        values = ["" if v is None else f"{v:.4f}" for v in (*e.scores, gain)]
+        writer.writerow([e.source, e.size, e.method, e.preset, *values])
+    return buffer.getvalue()
+
+
+def write_tables(entries: Sequence[Entry], out_dir: Path, method: str = "stapo") -> list[Path]:
+    """Write table.md, table.tex and table.csv to ``out_dir``."""
+    table = build_table(entries, method)
+    texts = {"table.md": to_markdown(table), "table.tex": to_latex(table), "table.csv": to_csv(entries, method)}
+    for name, text in texts.items():
+        write_atomic(Path(out_dir) / name, text)
+    return [Path(out_dir) / name for name in texts]
+
+
+# ----------------------------------------------------------------------------------------------------------- plots
+def _number(text: str) -> float | None:
+    """A console value as a float: ``0.5``, ``nan``, ``np.float64(0.5)``...; None if it is not a number."""
+    wrapped = _WRAPPED.fullmatch(text.strip())
+    try:
+        return float(wrapped[1] if wrapped else text)
+    except ValueError:
+        return None
+
+
+def read_metrics(path: Path) -> dict[str, dict[int, float]]:
+    """``metric -> {step: value}`` of one training run (a later value of a step wins, as after a resume).
+
+    ``path`` is verl's file-logger JSONL (``{"step": N, "data": {...}}`` lines), a saved console log (lines
+    ``step:N - key:value - ...``) or a TensorBoard run folder / event file.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise ReportError(f"{path}: no such file or folder")
+    metrics: dict[str, dict[int, float]] = {}
+    if path.is_dir() or path.name.startswith("events.out.tfevents"):
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+        accumulator = EventAccumulator(str(path), size_guidance={"scalars": 0})
+        accumulator.Reload()
+        for tag in accumulator.Tags()["scalars"]:
+            metrics[tag] = {event.step: event.value for event in accumulator.Scalars(tag)}
+    else:
+        with path.open(encoding="utf-8", errors="replace") as lines:
+            for line in lines:
+                for key, step, value in _parse_log_line(line):
+                    metrics.setdefault(key, {})[step] = value
+    if not metrics:
+        raise ReportError(
+            f"{path}: no metrics found; pass verl's file-logger JSONL, a console log with 'step:N - key:value' lines, "
+            "or a TensorBoard run folder (tensorboard_log/<project>/<experiment>)"
+        )
+    return metrics
+
+
+def _parse_log_line(line: str) -> list[tuple[str, int, float]]:
+    """``(metric, step, value)`` of one file-logger or console line; [] for any other line."""
+    if line.startswith("{"):
+        try:
+            record = json.loads(line)
+            return [
+                (k, int(record["step"]), float(v)) for k, v in record["data"].items() if isinstance(v, (int, float))
+            ]
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+            return []
+    match = _CONSOLE.search(line)
+    if not match:
+        return []
+    items = (item.rpartition(":") for item in match[2].split(" - "))
+    values = ((key.strip(), _number(text)) for key, _, text in items)
+    return [(key, int(match[1]), value) for key, value in values if key and value is not None]
+
+
+def parse_run_arg(value: str) -> tuple[str, Path]:
+    """``LABEL=PATH`` or ``PATH`` (label: the file stem or folder name, i.e. verl's experiment name)."""
+    label, sep, path = value.partition("=")
+    if not sep:
+        label, path = Path(value).stem if Path(value).is_file() else Path(value).name, value
+    return label, Path(path)
+
+
+def plot_runs(runs: dict[str, dict[str, dict[int, float]]], out_dir: Path) -> tuple[list[Path], list[str]]:
+    """One PNG per metric with one line per run; returns the files written and the metrics no run has."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figures = {name: {label: m[key] for label, m in runs.items() if key in m} for name, (key, _) in PLOTS.items()}
+    titles = {name: title for name, (_, title) in PLOTS.items()}
+    for label, metrics in runs.items():
+        for key, series in metrics.items():
+            match = _VALIDATION.fullmatch(key)
+            if match:
+                name = f"val_{re.sub(r'[^A-Za-z0-9_.-]', '_', match['source'])}"
+                figures.setdefault(name, {})[label] = series
+                titles[name] = f"validation accuracy, {match['source']} ({key.rpartition('/')[2]})"
+    written, missing = [], [name for name, lines in figures.items() if not lines]
+    for name, lines in figures.items():
+        if not lines:
+            continue
+        figure, axes = plt.subplots(figsize=(6.4, 4.0))
+        for label, series in lines.items():
+            steps = sorted(s for s in series if not math.isnan(series[s]))
+            marker = "o" if len(steps) <= 60 else None  # sparse series (validation) stay visible
+            axes.plot(steps, [series[s] for s in steps], label=label, linewidth=1.2, marker=marker, markersize=3)
+        axes.set(xlabel="step", ylabel=titles[name], title=titles[name])
+        axes.grid(alpha=0.3)
+        axes.legend()
+        buffer = io.BytesIO()
+        figure.savefig(buffer, format="png", dpi=120, bbox_inches="tight")
+        plt.close(figure)
+        write_atomic(Path(out_dir) / f"{name}.png", buffer.getvalue())
+        written.append(Path(out_dir) / f"{name}.png")
+    return written, missing
+
+
+# ------------------------------------------------------------------------------------------------------------- CLI
+def main(argv: Sequence[str] | None = None) -> None:
+    """Command-line entry point (``python -m stapo.report``)."""
+    parser = argparse.ArgumentParser(prog="python -m stapo.report", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    table = commands.add_parser("table", help="paper-style table from eval summaries and/or the published one")
+    table.add_argument("summaries", nargs="*", type=Path, help="summary.json files or folders holding them")
+    table.add_argument("--paper", action="store_true", help="include the published v1 table")
+    table.add_argument("--method", choices=METHODS, default="stapo", help="method whose relative gain is shown")
+    plot = commands.add_parser("plot", help="training curves from verl logs")
+    plot.add_argument("runs", nargs="+", metavar="[LABEL=]LOG", help="file-logger JSONL, console log or TB folder")
+    for command in (table, plot):
+        command.add_argument("--out", type=Path, default=DEFAULT_REPORT, help=f"output folder ({DEFAULT_REPORT})")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "table":
+            if not args.summaries and not args.paper:
+                raise ReportError("nothing to tabulate: pass summary files/folders, --paper, or both")
+            entries = (paper_entries() if args.paper else []) + load_entries(args.summaries)
+            if not entries:
+                raise ReportError(f"no {SUMMARY_FILE} under {', '.join(map(str, args.summaries))}")
+            paths = write_tables(entries, args.out, args.method)
+            print(to_markdown(build_table(entries, args.method)))
+        else:
+            runs = dict(map(parse_run_arg, args.runs))
+            if len(runs) != len(args.runs):
+                raise ReportError("two logs share a label; name them LABEL=PATH")
+            paths, missing = plot_runs({label: read_metrics(path) for label, path in runs.items()}, args.out)
+            if missing:
+                print(f"no run logged: {', '.join(PLOTS[name][0] for name in missing)}")
+    except ReportError as error:
+        parser.exit(2, f"error: {error}\n")
+    print("wrote " + ", ".join(map(str, paths)))
+
+
+if __name__ == "__main__":
+    main()
