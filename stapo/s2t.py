@@ -1,4 +1,5 @@
-"""The S2T mask of STAPO and the 20-Entropy baseline mask, as pure tensor functions (torch only, no verl).
+"""The S2T mask of STAPO and the 20-Entropy baseline mask, as pure functions of torch tensors (no verl; NumPy
+inside, for speed on the CPU).
 
 STAPO (arXiv 2602.15620, v4/v5), Sec. "Silencing Spurious Tokens", eq. I^S2T and Algorithm 1:
 
