@@ -175,23 +175,25 @@ def test_all_masked_minibatch_gives_finite_zero_loss():
 def test_current_policy_mask_single_micro_batch_is_exact():
     """policy_source=current with one micro-batch: the S2T mask of π_θ and an exact denominator."""
     cfg = actor_config()
-    stapo = StapoConfig(mask="s2t", policy_source="current", tau_p=0.2, q=0.5)
     data, cur, ent = make_batch([[1] * n for n in RESP_LENS])
-    keep, stats = s2t_mask(
-        pad(cur),
-        pad(ent),
-        pad([[a] * r for a, r in zip(ADV, RESP_LENS)]),
-        pad([[1] * n for n in RESP_LENS]),
-        tau_p=stapo.tau_p,
-        q=stapo.q,
-    )
-    assert stats["masked"] > 0
-    fn = functools.partial(stapo_loss, config=cfg, stapo=stapo)
+    keep_rows = current_policy_keep(cur, ent)
+    fn = functools.partial(stapo_loss, config=cfg, stapo=CURRENT)
     total, grads = run_engine_minibatch(fn, data, cur, ent, list(range(6)), [[0, 1, 2, 3, 4, 5]])
-    keep_rows = [keep[i, :n].tolist() for i, n in enumerate(RESP_LENS)]
     assert total.item() == pytest.approx(hand_loss(keep_rows, cur, data, cfg), rel=1e-5)
     for i, row in enumerate(keep_rows):
         assert all(grads[i][t] == 0 for t, k in enumerate(row) if not k)
+
+
+CURRENT = StapoConfig(mask="s2t", policy_source="current", tau_p=0.2, q=0.5)
+
+
+def current_policy_keep(cur, ent):
+    """The S2T mask of the whole mini-batch from π_θ's log-probs and entropies, as rows of kept flags."""
+    ones = [[1] * n for n in RESP_LENS]
+    adv = [[a] * n for a, n in zip(ADV, RESP_LENS)]
+    keep, stats = s2t_mask(pad(cur), pad(ent), pad(adv), pad(ones), tau_p=CURRENT.tau_p, q=CURRENT.q)
+    assert stats["masked"] > 0
+    return [keep[i, :n].tolist() for i, n in enumerate(RESP_LENS)]
 
 
 def pad(rows):
@@ -218,8 +220,7 @@ def _rank_main(rank, port, mode, queue):
             splits = [[0], [1, 2]] if rank == 0 else [[0, 1], [2]]
         else:
             mask = [[1] * n for n in RESP_LENS]
-            stapo = StapoConfig(mask="s2t", policy_source="current", tau_p=0.2, q=0.5)
-            fn = functools.partial(stapo_loss, config=cfg, stapo=stapo)
+            fn = functools.partial(stapo_loss, config=cfg, stapo=CURRENT)
             splits = [[0, 1, 2]]  # one micro-batch per rank: the gathered quantile is the mini-batch's
         data, cur, ent = make_batch(mask)
         rows = [0, 1, 2] if rank == 0 else [3, 4, 5]  # verl hands each rank a contiguous chunk
@@ -257,17 +258,8 @@ def test_two_gloo_ranks_old_policy_mask_matches_single_process():
 def test_two_gloo_ranks_current_policy_mask_uses_the_gathered_quantile():
     cfg = actor_config()
     data, cur, ent = make_batch([[1] * n for n in RESP_LENS])
-    keep, stats = s2t_mask(
-        pad(cur),
-        pad(ent),
-        pad([[a] * r for a, r in zip(ADV, RESP_LENS)]),
-        pad([[1] * n for n in RESP_LENS]),
-        tau_p=0.2,
-        q=0.5,
-    )
-    keep_rows = [keep[i, :n].tolist() for i, n in enumerate(RESP_LENS)]
+    keep_rows = current_policy_keep(cur, ent)
     expected = hand_loss(keep_rows, cur, data, cfg)
-    assert stats["masked"] > 0
     for _, loss, grads in run_two_ranks("current"):
         assert loss == pytest.approx(expected, rel=1e-5)
         for i, g in grads.items():
