@@ -103,3 +103,13 @@ def _run(env):
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     return "stapo_sync" in out.stdout
+
+
+def test_training_entry_stops_when_the_package_is_not_installed(monkeypatch):
+    import stapo.train
+
+    check = stapo.train.check_installed
+    check()  # installed by the README's set-up command: the entry point exists
+    monkeypatch.setattr(stapo.train, "entry_points", lambda group: [])
+    with pytest.raises(RuntimeError, match="pip install -e ."):
+        check()
