@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# First run of the recipe, no downloads: a tiny Qwen3 trained from scratch on the package's synthetic math task.
+#   bash scripts/quickstart.sh [OUT] [OPTION ...]      (OPTIONs: python -m stapo.quickstart --help)
+# With a GPU: warm-up, then JustRL and STAPO through verl (vLLM + FSDP), evaluation, S2T statistics and plots.
+# Without one: warm-up on the CPU and the S2T mask on the warmed-up model's own rollouts (no RL training).
+# PYTHON selects the interpreter (default: python3). docs/quickstart.md describes the outputs.
+set -euo pipefail
+out=${1:-outputs/quickstart}
+shift $(($# > 0 ? 1 : 0))
+python=${PYTHON:-python3}
+if "$python" -c 'import sys, torch; sys.exit(not torch.cuda.is_available())' 2>/dev/null; then
+    nvidia-smi -L 2>/dev/null | head -n 1 || true
+    exec "$python" -m stapo.quickstart gpu --out "$out" "$@"
+fi
+echo "No GPU visible (torch.cuda.is_available() is False): verl's trainer, vLLM and FSDP need one, so this runs the"
+echo "CPU part only: task, tokenizer, tiny model, supervised warm-up and the S2T mask on the model's own rollouts."
+exec "$python" -m stapo.quickstart cpu --out "$out" "$@"

@@ -1,0 +1,300 @@
+"""Quickstart: the whole recipe on a tiny model trained from scratch on a task that ships with the package.
+
+    python -m stapo.quickstart cpu --out DIR [options]
+    python -m stapo.quickstart gpu --out DIR [options]
+
+Both build the synthetic task (:mod:`stapo.task`), a tiny Qwen3 and its tokenizer (:mod:`stapo.tiny`), and warm the
+model up with a short supervised pass (plain torch, loss on the worked answers only) so that it solves a fraction of
+the problems; accuracy is then measured by sampling at temperature 1.0 with transformers.
+
+``gpu`` (one GPU) then trains JustRL and STAPO from the warmed-up model for the same small budget through the real
+trainer (``python -m stapo.train``: verl V1, vLLM, FSDP), evaluates the three models with ``python -m stapo.eval``,
+prints a before/after table and the S2T statistics of the STAPO run, and plots the curves (``python -m stapo.report
+plot``). ``cpu`` cannot run verl's trainer; instead it shows the S2T mask on the warmed-up model's own rollouts: a
+few samples per problem, graded, GRPO advantages per problem, per-token probabilities and entropies, and the tokens
+:func:`stapo.s2t.s2t_mask` silences. docs/quickstart.md walks through the output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from stapo import task
+from stapo.data import make_prompt, write_parquet
+from stapo.inspect import Rollout, format_token, grpo_advantages, silenced_tokens, token_stats
+from stapo.reward import compute_score
+
+DEMO_TAU_P = 0.1
+"""τ_p of the quickstart (mask demonstration and STAPO run). The paper's 0.002 suits Qwen3 (151k-token vocabulary)
+on batches of millions of tokens, where such rare tokens still occur by the thousand. The tiny model, once warmed up,
+samples its tokens from a 512-token vocabulary with high confidence, and a quickstart batch holds a few thousand
+tokens: at 0.002, and often at 0.02, no token of a positive-advantage response is a candidate. At 0.1 a handful are,
+typically a wrong intermediate number in a response whose final answer is right: the paper's spurious tokens."""
+MAX_NEW_TOKENS = 48
+"""Response budget: a worked solution is about 25 tokens of the tiny tokenizer."""
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# ------------------------------------------------------------------------------------------------- model and data
+def build(out: Path, seed: int, n_train: int, n_val: int, hidden_size: int, num_layers: int):
+    """The task's parquet files (``out/data``) and a random tiny Qwen3 with its tokenizer (``out/base``).
+
+    Returns the splits, the parquet paths by split and the model folder.
+    """
+    from stapo.tiny import build_model, build_tokenizer
+
+    splits = task.generate(seed, n_train, n_val)
+    paths = task.write_task(splits, out / "data", seed)
+    texts = [make_prompt(p.question)[0]["content"] + "\n" + p.solution for ps in splits.values() for p in ps]
+    tokenizer = build_tokenizer(texts + ["user", "assistant"], out / "base")
+    build_model(tokenizer, out / "base", hidden_size=hidden_size, num_layers=num_layers, seed=seed)
+    return splits, paths, out / "base"
+
+
+def render_prompt(tokenizer, problem: task.Problem) -> str:
+    """The prompt as verl renders it: the chat template over :func:`stapo.data.make_prompt`, generation prompt on."""
+    return tokenizer.apply_chat_template(make_prompt(problem.question), add_generation_prompt=True, tokenize=False)
+
+
+def warmup(
+    model,
+    tokenizer,
+    problems: Sequence[task.Problem],
+    steps: int,
+    batch_size: int = 32,
+    lr: float = 3e-3,
+    seed: int = 0,
+) -> list[float]:
+    """Supervised warm-up: next-token loss on the worked solution (and end of turn) after each prompt.
+
+    A plain AdamW loop over random mini-batches on the model's device; returns the loss of every step.
+    """
+    device = next(model.parameters()).device
+    examples = []
+    for problem in problems:
+        prompt = tokenizer(render_prompt(tokenizer, problem), add_special_tokens=False)["input_ids"]
+        answer = tokenizer(problem.solution, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        examples.append((prompt + answer, [-100] * len(prompt) + answer))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=lr, total_steps=steps, pct_start=0.1)
+    generator = torch.Generator().manual_seed(seed)
+    model.train()
+    losses = []
+    for _ in range(steps):
+        batch = [examples[i] for i in torch.randint(len(examples), (batch_size,), generator=generator).tolist()]
+        width = max(len(ids) for ids, _ in batch)
+        ids = torch.tensor([ids + [tokenizer.pad_token_id] * (width - len(ids)) for ids, _ in batch], device=device)
+        labels = torch.tensor([lab + [-100] * (width - len(lab)) for _, lab in batch], device=device)
+        attention = (labels != -100) | (ids != tokenizer.pad_token_id)  # every real token, eos included
+        loss = model(input_ids=ids, attention_mask=attention, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        losses.append(loss.item())
+    model.eval()
+    return losses
+
+
+@torch.no_grad()
+def sample(model, tokenizer, problems: Sequence[task.Problem], n: int, seed: int = 0) -> list[list[str]]:
+    """``n`` responses per problem, sampled at temperature 1.0 without top-k/top-p (verl's training rollouts)."""
+    torch.manual_seed(seed)
+    texts = [render_prompt(tokenizer, p) for p in problems]
+    prompts = tokenizer(texts, add_special_tokens=False, padding=True, padding_side="left")
+    device = next(model.parameters()).device
+    output = model.generate(
+        input_ids=torch.tensor(prompts["input_ids"], device=device),
+        attention_mask=torch.tensor(prompts["attention_mask"], device=device),
+        do_sample=True,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        num_return_sequences=n,
+        max_new_tokens=MAX_NEW_TOKENS,
+    )
+    texts = tokenizer.batch_decode(output[:, len(prompts["input_ids"][0]) :], skip_special_tokens=True)
+    return [texts[i * n : (i + 1) * n] for i in range(len(problems))]
+
+
+def grade(problems: Sequence[task.Problem], responses: Sequence[Sequence[str]]) -> list[list[float]]:
+    """:func:`stapo.reward.compute_score` of every response."""
+    return [
+        [compute_score(task.DATA_SOURCE, r, str(p.answer))["score"] for r in rs] for p, rs in zip(problems, responses)
+    ]
+
+
+def mean(scores: Sequence[Sequence[float]]) -> float:
+    """Mean of all scores."""
+    flat = [s for row in scores for s in row]
+    return sum(flat) / len(flat)
+
+
+# ---------------------------------------------------------------------------------------------------- CPU path
+def mask_demo(model, tokenizer, problems, responses, scores, tau_p: float = DEMO_TAU_P, q: float = 0.75):
+    """The S2T mask over all ``responses`` as one mini-batch, GRPO advantages per problem.
+
+    Returns the silenced tokens (:func:`stapo.inspect.silenced_tokens` records) and the mask statistics.
+    """
+    rollouts = [
+        Rollout(f"problem {i} sample {j}", str(i), render_prompt(tokenizer, p), r, s)
+        for i, (p, rs, ss) in enumerate(zip(problems, responses, scores))
+        for j, (r, s) in enumerate(zip(rs, ss))
+    ]
+    stats = [token_stats(model, tokenizer, r) for r in rollouts]
+    return silenced_tokens(rollouts, stats, grpo_advantages(rollouts), tokenizer, tau_p, q)
+
+
+def run_cpu(args: argparse.Namespace, model, tokenizer, problems, responses, scores) -> None:
+    """The mask demonstration on the warmed-up model's validation rollouts, printed."""
+    tokens, stats = mask_demo(model, tokenizer, problems, responses, scores, args.tau_p, args.q)
+    mixed = sum(0 < sum(row) < len(row) for row in scores)
+    print(
+        f"\nS2T mask on {len(problems)} problems x {args.samples} samples ({mixed} problems with both right and "
+        f"wrong answers, i.e. non-zero GRPO advantages): {stats['tokens']} response tokens, {stats['pos_adv']} with "
+        f"A > 0, {stats['candidates']} candidates (A > 0 and p < tau_p = {args.tau_p}), {stats['masked']} silenced "
+        f"(H < tau_h = {stats['entropy_threshold']:.4f}, the {args.q} quantile of the candidates' entropy)"
+    )
+    for number, token in enumerate(tokens, 1):
+        print(format_token(number, token))
+
+
+# ---------------------------------------------------------------------------------------------------- GPU path
+def train_overrides(method: str, model: Path, paths: dict[str, Path], steps: int, out: Path, tau_p: float) -> list:
+    """Hydra overrides of one quickstart run: scripts/gpu_smoke.py's tiny-model list, with the task's data and
+    reward, validation on the task's validation split and a Hugging Face checkpoint at the end."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from gpu_smoke import overrides
+
+    changes = {
+        "data.val_files": paths["validation"],
+        "reward.custom_reward_function.path": "pkg://stapo.reward",
+        "reward.custom_reward_function.name": "compute_score",
+        "trainer.experiment_name": f"quickstart_{method}",
+        "trainer.val_before_train": True,
+        "trainer.test_freq": max(steps // 4, 1),
+        "trainer.save_freq": steps,
+        "actor_rollout_ref.actor.checkpoint.save_contents": "[model,optimizer,extra,hf_model]",
+        "actor_rollout_ref.actor.optim.lr_warmup_steps": 0,
+        "actor_rollout_ref.rollout.val_kwargs.n": 8,
+    }
+    if method == "stapo":
+        changes["stapo.tau_p"] = tau_p
+    base = overrides(method, model, paths["train"], 1, steps, out, audit=False)
+    return [o for o in base if o.split("=")[0] not in changes] + [f"{k}={v}" for k, v in changes.items()]
+
+
+def call(cmd: list, log: Path, **env: str) -> None:
+    """Run ``cmd`` (with ``env`` added to the environment) and its output in ``log``; stop with the log's tail if it
+    fails."""
+    print(f"$ {' '.join(map(str, cmd))}  (log: {log})", flush=True)
+    with open(log, "w") as stream:
+        code = subprocess.run(
+            list(map(str, cmd)), stdout=stream, stderr=subprocess.STDOUT, env={**os.environ, **env}
+        ).returncode
+    if code:
+        raise SystemExit(f"failed (exit {code}); last lines of {log}:\n{log.read_text()[-3000:]}")
+
+
+def run_gpu(args: argparse.Namespace, warm: Path, paths: dict[str, Path], val: list[task.Problem]) -> None:
+    """JustRL and STAPO from the warmed-up model, evaluation of all three, S2T statistics and plots."""
+    models = {"warmup": warm}
+    for method in ("justrl", "stapo"):
+        out = args.out / method
+        out.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "stapo.train", f"--config-name={method}"]
+        overrides = train_overrides(method, warm, paths, args.steps, out, args.tau_p)
+        call(cmd + overrides, out / "train.log", VERL_FILE_LOGGER_PATH=str(out / "metrics.jsonl"))
+        models[method] = out / "ckpt" / f"global_step_{args.steps}" / "actor" / "huggingface"
+    # stapo.eval reads the six benchmark names only: the validation split goes in the math500 slot.
+    write_parquet(task.to_rows(val, "validation", args.seed), args.out / "eval_data" / "math500.parquet")
+    call(
+        [sys.executable, "-m", "stapo.eval", "--model", *models.values(), "--label", *models, "--data"]
+        + [args.out / "eval_data", "--out", args.out / "eval", "--benchmarks", "math500", "--n", args.samples]
+        + ["--max-tokens", MAX_NEW_TOKENS, "--enforce-eager", "--gpu-memory-utilization", 0.3, "--no-progress"],
+        args.out / "eval.log",
+    )
+    print(f"\nvalidation accuracy, avg@{args.samples} at T = 1.0 (stapo.eval, {len(val)} problems)")
+    for label in models:
+        summary = json.loads((args.out / "eval" / label / "train" / "summary.json").read_text())
+        print(f"  {label:<8} {summary['benchmarks']['math500']['avg']:6.2f}%")
+    steps = [json.loads(line)["data"] for line in (args.out / "stapo" / "metrics.jsonl").read_text().splitlines()]
+    steps = [s for s in steps if "stapo/candidate_tokens" in s]
+    candidates, masked = (sum(s[f"stapo/{k}_tokens"] for s in steps) for k in ("candidate", "masked"))
+    print(f"S2T over {len(steps)} STAPO steps (tau_p = {args.tau_p}): {candidates:.0f} candidates, {masked:.0f} masked")
+    logs = [f"{m}={args.out / m / 'metrics.jsonl'}" for m in ("justrl", "stapo")]
+    call([sys.executable, "-m", "stapo.report", "plot", *logs, "--out", args.out / "plots"], args.out / "plot.log")
+    print(f"outputs: {args.out} (runs: justrl/, stapo/; evaluation: eval/; plots: plots/)")
+
+
+# ---------------------------------------------------------------------------------------------------------- CLI
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m stapo.quickstart", description=__doc__.split("\n\n")[0])
+    parser.add_argument("mode", choices=("cpu", "gpu"), help="gpu: train with verl; cpu: mask demonstration")
+    parser.add_argument("--out", type=Path, default=Path("outputs/quickstart"), help="output folder")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--train", type=int, default=600, help="training problems")
+    parser.add_argument("--val", type=int, default=100, help="validation problems")
+    parser.add_argument("--hidden-size", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--warmup-steps", type=int, default=300, help="supervised warm-up steps")
+    parser.add_argument("--batch-size", type=int, default=32, help="warm-up batch size")
+    parser.add_argument("--lr", type=float, default=3e-3, help="warm-up peak learning rate")
+    parser.add_argument("--eval-problems", type=int, default=32, help="validation problems sampled after warm-up")
+    parser.add_argument("--samples", type=int, default=8, help="samples per problem (accuracy, mask, stapo.eval)")
+    parser.add_argument("--tau-p", type=float, default=DEMO_TAU_P, help="S2T tau_p (see DEMO_TAU_P)")
+    parser.add_argument("--q", type=float, default=0.75, help="S2T entropy quantile")
+    parser.add_argument("--steps", type=int, default=40, help="gpu: RL steps per method")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Command-line entry point (``python -m stapo.quickstart``)."""
+    args = build_parser().parse_args(argv)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()
+    if args.mode == "gpu" and any((args.out / name).exists() for name in ("justrl", "stapo", "eval")):
+        # verl would resume from the old checkpoints and stapo.eval from the old samples
+        raise SystemExit(f"{args.out} already holds a quickstart training run; pass a new output folder")
+    device = "cuda" if args.mode == "gpu" else "cpu"
+    start = time.time()
+    splits, paths, base = build(args.out, args.seed, args.train, args.val, args.hidden_size, args.layers)
+    print(f"task: {args.train} train / {args.val} validation problems in {args.out / 'data'}; tiny model in {base}")
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).to(device)
+    problems = splits["validation"][: args.eval_problems]
+    before = mean(grade(problems, sample(model, tokenizer, problems, args.samples, args.seed)))
+    losses = warmup(model, tokenizer, splits["train"], args.warmup_steps, args.batch_size, args.lr, args.seed)
+    responses = sample(model, tokenizer, problems, args.samples, args.seed)
+    scores = grade(problems, responses)
+    warm = args.out / "warmup"
+    model.save_pretrained(warm)  # float32, as stapo.tiny saves the random model
+    tokenizer.save_pretrained(warm)
+    print(
+        f"warm-up: {args.warmup_steps} steps on {device}, loss {losses[0]:.3f} -> {losses[-1]:.3f} "
+        f"({time.time() - start:.0f} s since start); sampled accuracy (T = 1.0) on {len(problems)} validation "
+        f"problems x {args.samples}: "
+        f"{100 * before:.1f}% -> {100 * mean(scores):.1f}%; model in {warm}"
+    )
+    print(f"example response: {responses[0][0]!r} (answer {problems[0].answer})")
+    if args.mode == "gpu":
+        run_gpu(args, warm, paths, splits["validation"])
+    else:
+        run_cpu(args, model, tokenizer, problems, responses, scores)
+        print(f"outputs: {args.out} (task: data/, random model: base/, warmed-up model: warmup/)")
+
+
+if __name__ == "__main__":
+    main()

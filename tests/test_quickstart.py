@@ -1,0 +1,138 @@
+"""Quickstart on the CPU: the synthetic task, the warm-up, the mask demonstration and scripts/quickstart.sh.
+
+The silenced tokens are checked against an independent computation: a plain full forward pass of the model, GRPO
+advantages by hand, then stapo.s2t.s2t_mask on the padded batch.
+"""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from stapo import quickstart as qs
+from stapo import task
+from stapo.config import CONFIG_DIR
+from stapo.data import SCHEMA, make_prompt
+from stapo.reward import compute_score
+from stapo.train import validate
+
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "quickstart.sh"
+TINY = ["--train", "32", "--val", "4", "--hidden-size", "64", "--layers", "1", "--warmup-steps", "3"]
+
+
+def test_task_is_deterministic_disjoint_and_correct():
+    splits = task.generate(seed=3, n_train=50, n_val=10)
+    assert splits == task.generate(seed=3, n_train=50, n_val=10) != task.generate(seed=4, n_train=50, n_val=10)
+    assert (len(splits["train"]), len(splits["validation"])) == (50, 10)
+    assert not {p.question for p in splits["train"]} & {p.question for p in splits["validation"]}
+    for problem in splits["train"] + splits["validation"]:
+        a, b, c = map(int, re.findall(r"\d+", problem.question))
+        assert problem.answer == a + b * c
+        assert compute_score(task.DATA_SOURCE, problem.solution, str(problem.answer))["score"] == 1.0
+        assert compute_score(task.DATA_SOURCE, problem.solution, str(problem.answer + 1))["score"] == 0.0
+    with pytest.raises(ValueError, match="fewer than"):
+        task.generate(n_train=700, n_val=100)
+
+
+def test_parquet_matches_the_data_schema(tmp_path):
+    splits = task.generate(seed=0, n_train=20, n_val=5)
+    paths = task.write_task(splits, tmp_path, seed=0)
+    for split, problems in splits.items():
+        table = pq.read_table(paths[split])
+        assert table.schema.equals(SCHEMA)
+        rows = table.to_pylist()
+        assert [r["prompt"] for r in rows] == [make_prompt(p.question) for p in problems]
+        assert [r["reward_model"]["ground_truth"] for r in rows] == [str(p.answer) for p in problems]
+        assert [r["extra_info"]["index"] for r in rows] == list(range(len(problems)))
+        assert {r["extra_info"]["split"] for r in rows} == {split}
+        assert {r["data_source"] for r in rows} == {task.DATA_SOURCE}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A tiny random model of the quickstart, its tokenizer and the task's splits."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    splits, _, folder = qs.build(tmp_path_factory.mktemp("quickstart"), 0, 64, 8, hidden_size=64, num_layers=1)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    return model, AutoTokenizer.from_pretrained(folder), splits
+
+
+def test_warmup_reduces_the_loss(tiny):
+    model, tokenizer, splits = tiny
+    losses = qs.warmup(model, tokenizer, splits["train"], steps=12, batch_size=8, lr=3e-3)
+    assert len(losses) == 12 and sum(losses[-3:]) / 3 < 0.8 * sum(losses[:3]) / 3
+
+
+def reference(model, tokenizer, problems, responses, scores):
+    """Padded log p, entropy, GRPO advantage and mask of every response token, from a plain full forward pass."""
+    rows = []
+    for problem, group, group_scores in zip(problems, responses, scores):
+        prompt = tokenizer(qs.render_prompt(tokenizer, problem), add_special_tokens=False)["input_ids"]
+        rewards = torch.tensor(group_scores)
+        for response, score in zip(group, group_scores):
+            ids = tokenizer(response, add_special_tokens=False)["input_ids"]
+            with torch.no_grad():
+                logits = model(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1 : -1].float()
+            logp = torch.log_softmax(logits, -1)
+            advantage = (score - rewards.mean()) / (rewards.std() + 1e-6)
+            rows.append((logp.gather(-1, torch.tensor(ids, dtype=torch.long)[:, None])[:, 0], logp, advantage))
+    shape = (len(rows), max(len(row[0]) for row in rows))
+    log_probs, entropy, advantages, mask = (torch.zeros(shape) for _ in range(4))
+    for i, (lp, logp, adv) in enumerate(rows):
+        n = len(lp)
+        log_probs[i, :n], entropy[i, :n], advantages[i], mask[i, :n] = lp, -(logp.exp() * logp).sum(-1), adv, 1
+    return log_probs, entropy, advantages, mask
+
+
+def test_mask_demo_prints_exactly_the_silenced_tokens(tiny, capsys):
+    from stapo.s2t import s2t_mask
+
+    model, tokenizer, splits = tiny
+    model.eval()
+    problems = splits["validation"][:3]
+    responses = qs.sample(model, tokenizer, problems, n=4)
+    scores = [[1.0, 0.0, 1.0, 0.0]] * len(problems)  # a random model solves nothing: mixed scores by hand
+    args = qs.build_parser().parse_args(["cpu", "--samples", "4", "--tau-p", "0.02"])
+    qs.run_cpu(args, model, tokenizer, problems, responses, scores)
+    printed = capsys.readouterr().out
+
+    log_probs, entropy, advantages, mask = reference(model, tokenizer, problems, responses, scores)
+    keep, stats = s2t_mask(log_probs, entropy, advantages, mask, tau_p=0.02, q=0.75)
+    expected = {(f"problem {r // 4} sample {r % 4}", p) for r, p in ((mask > 0) & (keep == 0)).nonzero().tolist()}
+    found = set(re.findall(r"^\[\d+\] (problem \d+ sample \d+)  response token (\d+)", printed, re.M))
+    assert stats["masked"] > 0 and {(name, int(p)) for name, p in found} == expected
+    assert f"{stats['candidates']} candidates" in printed and f"{stats['masked']} silenced" in printed
+
+
+@pytest.mark.parametrize("method", ["justrl", "stapo"])
+def test_gpu_overrides_compose_and_validate(method, tmp_path):
+    paths = {"train": tmp_path / "train.parquet", "validation": tmp_path / "validation.parquet"}
+    overrides = qs.train_overrides(method, tmp_path / "warmup", paths, 8, tmp_path / method, 0.02)
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        cfg = compose(config_name=method, overrides=overrides)
+    stapo = validate(cfg)
+    assert cfg.data.val_files == str(paths["validation"]) and cfg.trainer.total_training_steps == 8
+    assert cfg.reward.custom_reward_function.path == "pkg://stapo.reward"
+    assert "hf_model" in cfg.actor_rollout_ref.actor.checkpoint.save_contents and cfg.trainer.save_freq == 8
+    assert stapo.mask == ("s2t" if method == "stapo" else "none") and (method == "justrl" or stapo.tau_p == 0.02)
+
+
+def test_script_syntax_and_cpu_path(tmp_path):
+    assert subprocess.run(["bash", "-n", str(SCRIPT)]).returncode == 0
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHON": sys.executable}
+    options = [*TINY, "--eval-problems", "2", "--samples", "2"]
+    result = subprocess.run(
+        ["bash", str(SCRIPT), str(tmp_path / "out"), *options], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "No GPU visible" in result.stdout and "warm-up: 3 steps" in result.stdout
+    assert "S2T mask on 2 problems x 2 samples" in result.stdout
+    assert (tmp_path / "out" / "warmup" / "config.json").is_file()
+    assert (tmp_path / "out" / "data" / "validation.parquet").is_file()
