@@ -108,7 +108,7 @@ def bench_gpu(args) -> dict:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from gpu_smoke import build_assets, overrides, read_jsonl
 
-    from stapo.tiny import QWEN3_0_6B
+    from stapo.tiny import QWEN3_0_6B, replace_overrides
 
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -128,8 +128,8 @@ def bench_gpu(args) -> dict:
         "data.train_batch_size": args.prompts,
         "actor_rollout_ref.actor.ppo_mini_batch_size": args.prompts // 2,
     }
-    base = [o for o in overrides("stapo", model, data, 1, steps, out, audit=False) if o.split("=")[0] not in changes]
-    cmd = [sys.executable, "-m", "stapo.train", "--config-name=stapo", *base, *(f"{k}={v}" for k, v in changes.items())]
+    run = replace_overrides(overrides("stapo", model, data, 1, steps, out, audit=False), changes)
+    cmd = [sys.executable, "-m", "stapo.train", "--config-name=stapo", *run]
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parent), os.environ.get("PYTHONPATH", "")]),

@@ -24,6 +24,8 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from stapo.tiny import tiny_run_overrides
+
 MICRO_PER_MINI = 2  # policy_source=old: two micro-batches per mini-batch and rank, to exercise accumulation
 
 
@@ -61,45 +63,15 @@ def build_assets(out: Path, tokenizer: Path | None = None, **shape) -> tuple[Pat
 
 
 def overrides(method: str, model: Path, data: Path, gpus: int, steps: int, out: Path, audit: bool = True) -> list[str]:
-    batch, n, mini = 16, 4, 8  # 64 responses per step, 2 PPO mini-batches of 32
-    micro = mini * n // gpus if method == "stapo_current" else mini * n // gpus // MICRO_PER_MINI
-    args = [
-        f"data.train_files={data}",
-        f"data.val_files={data}",
-        f"data.train_batch_size={batch}",
-        "data.max_prompt_length=64",
-        "data.max_response_length=64",
-        f"actor_rollout_ref.model.path={model}",
-        "actor_rollout_ref.model.use_remove_padding=True",
-        "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
-        "actor_rollout_ref.model.enable_gradient_checkpointing=False",
-        f"actor_rollout_ref.actor.ppo_mini_batch_size={mini}",
-        "actor_rollout_ref.actor.use_dynamic_bsz=False",
-        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro}",
-        "actor_rollout_ref.actor.use_torch_compile=False",
-        "actor_rollout_ref.actor.optim.lr=1e-4",
-        f"actor_rollout_ref.rollout.n={n}",
-        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
-        "actor_rollout_ref.rollout.gpu_memory_utilization=0.3",
-        "actor_rollout_ref.rollout.enforce_eager=True",
-        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={mini * n // gpus}",
-        "actor_rollout_ref.rollout.max_num_batched_tokens=4096",
-        f"reward.custom_reward_function.path={Path(__file__).resolve()}",
-        "reward.custom_reward_function.name=smoke_reward",
-        "reward.num_workers=1",
-        f"trainer.n_gpus_per_node={gpus}",
-        "trainer.nnodes=1",
-        f"trainer.total_training_steps={steps}",
-        "trainer.val_before_train=False",
-        "trainer.test_freq=-1",
-        "trainer.save_freq=-1",
-        'trainer.logger=["console","file"]',
-        f"trainer.default_local_dir={out / 'ckpt'}",
-        f"+ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH={out / 'metrics.jsonl'}",
-    ]
+    """The tiny-model run of ``method`` (justrl, stapo, stapo_current) with this file's reward."""
+    current = method == "stapo_current"
+    args = tiny_run_overrides(
+        model, data, out, steps=steps, gpus=gpus, reward=f"{Path(__file__).resolve()}:smoke_reward",
+        micro_batches=1 if current else MICRO_PER_MINI,
+    )  # fmt: skip
     if audit:
         args.append(f"+ray_kwargs.ray_init.runtime_env.env_vars.STAPO_AUDIT_DIR={out / 'audit'}")
-    if method == "stapo_current":
+    if current:
         args += [
             "stapo.policy_source=current",
             "actor_rollout_ref.actor.calculate_entropy=True",

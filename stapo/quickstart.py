@@ -32,6 +32,7 @@ from stapo import task
 from stapo.data import make_prompt, write_parquet
 from stapo.inspect import Rollout, format_token, grpo_advantages, silenced_tokens, token_stats
 from stapo.reward import compute_score
+from stapo.tiny import replace_overrides, tiny_run_overrides
 
 DEMO_TAU_P = 0.1
 """τ_p of the quickstart (mask demonstration and STAPO run). The paper's 0.002 suits Qwen3 (151k-token vocabulary)
@@ -41,7 +42,6 @@ tokens: at 0.002, and often at 0.02, no token of a positive-advantage response i
 typically a wrong intermediate number in a response whose final answer is right: the paper's spurious tokens."""
 MAX_NEW_TOKENS = 48
 """Response budget: a worked solution is about 25 tokens of the tiny tokenizer."""
-ROOT = Path(__file__).resolve().parent.parent
 
 
 # ------------------------------------------------------------------------------------------------- model and data
@@ -171,15 +171,10 @@ def run_cpu(args: argparse.Namespace, model, tokenizer, problems, responses, sco
 
 # ---------------------------------------------------------------------------------------------------- GPU path
 def train_overrides(method: str, model: Path, paths: dict[str, Path], steps: int, out: Path, tau_p: float) -> list:
-    """Hydra overrides of one quickstart run: scripts/gpu_smoke.py's tiny-model list, with the task's data and
-    reward, validation on the task's validation split and a Hugging Face checkpoint at the end."""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from gpu_smoke import overrides
-
+    """Hydra overrides of one quickstart run: the tiny-model run of :func:`stapo.tiny.tiny_run_overrides` with the
+    recipe's reward, validation on the task's validation split and a Hugging Face checkpoint at the end."""
     changes = {
         "data.val_files": paths["validation"],
-        "reward.custom_reward_function.path": "pkg://stapo.reward",
-        "reward.custom_reward_function.name": "compute_score",
         "trainer.experiment_name": f"quickstart_{method}",
         "trainer.val_before_train": True,
         "trainer.test_freq": max(steps // 4, 1),
@@ -190,8 +185,8 @@ def train_overrides(method: str, model: Path, paths: dict[str, Path], steps: int
     }
     if method == "stapo":
         changes["stapo.tau_p"] = tau_p
-    base = overrides(method, model, paths["train"], 1, steps, out, audit=False)
-    return [o for o in base if o.split("=")[0] not in changes] + [f"{k}={v}" for k, v in changes.items()]
+    base = tiny_run_overrides(model, paths["train"], out, steps=steps, reward="pkg://stapo.reward:compute_score")
+    return replace_overrides(base, changes)
 
 
 def call(cmd: list, log: Path, **env: str) -> None:

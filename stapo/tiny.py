@@ -115,3 +115,55 @@ def build_qwen_tokenizer(out_dir: str | Path):
     )
     tok.save_pretrained(out_dir)
     return tok
+
+
+def tiny_run_overrides(
+    model: Path, data: Path, out: Path, *, steps: int, reward: str, gpus: int = 1, micro_batches: int = 2
+) -> list[str]:
+    """Hydra overrides of ``python -m stapo.train`` for a short run of a tiny model on one node.
+
+    16 prompts × 4 rollouts per step, two PPO mini-batches of 32 responses, ``micro_batches`` micro-batches per
+    mini-batch and rank, 64-token prompts and responses, sdpa attention, eager vLLM, no validation or checkpoints,
+    metrics to the console and to ``out/metrics.jsonl``. ``reward`` is ``PATH:FUNCTION`` for verl's custom reward.
+    """
+    batch, n, mini = 16, 4, 8
+    reward_path, reward_name = reward.rsplit(":", 1)
+    return [
+        f"data.train_files={data}",
+        f"data.val_files={data}",
+        f"data.train_batch_size={batch}",
+        "data.max_prompt_length=64",
+        "data.max_response_length=64",
+        f"actor_rollout_ref.model.path={model}",
+        "actor_rollout_ref.model.use_remove_padding=True",
+        "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=False",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={mini}",
+        "actor_rollout_ref.actor.use_dynamic_bsz=False",
+        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={mini * n // gpus // micro_batches}",
+        "actor_rollout_ref.actor.use_torch_compile=False",
+        "actor_rollout_ref.actor.optim.lr=1e-4",
+        f"actor_rollout_ref.rollout.n={n}",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        "actor_rollout_ref.rollout.gpu_memory_utilization=0.3",
+        "actor_rollout_ref.rollout.enforce_eager=True",
+        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={mini * n // gpus}",
+        "actor_rollout_ref.rollout.max_num_batched_tokens=4096",
+        f"reward.custom_reward_function.path={reward_path}",
+        f"reward.custom_reward_function.name={reward_name}",
+        "reward.num_workers=1",
+        f"trainer.n_gpus_per_node={gpus}",
+        "trainer.nnodes=1",
+        f"trainer.total_training_steps={steps}",
+        "trainer.val_before_train=False",
+        "trainer.test_freq=-1",
+        "trainer.save_freq=-1",
+        'trainer.logger=["console","file"]',
+        f"trainer.default_local_dir={out / 'ckpt'}",
+        f"+ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH={out / 'metrics.jsonl'}",
+    ]
+
+
+def replace_overrides(overrides: list[str], changes: dict) -> list[str]:
+    """``overrides`` with the keys of ``changes`` (written as in the overrides, ``+`` included) set to new values."""
+    return [o for o in overrides if o.split("=", 1)[0] not in changes] + [f"{k}={v}" for k, v in changes.items()]
