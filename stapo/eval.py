@@ -50,6 +50,8 @@ PRESETS = {"train": Decoding(1.0, 1.0), "justrl": Decoding(0.7, 0.9)}
 """The paper's two evaluation settings: training-aligned, and JustRL's (reported in parentheses)."""
 DEFAULT_N = {"aime24": 32, "aime25": 32, "amc23": 32, "math500": 4, "minerva": 4, "olympiadbench": 4}
 """Samples per problem in the paper: avg@32 on the small competition sets, avg@4 on the others."""
+OTHER_N = 4
+"""Samples per problem of any other benchmark (a ``DATA/<name>.parquet`` in the same schema, e.g. the quickstart's)."""
 DEFAULT_MAX_TOKENS = 20480
 DEFAULT_RESULTS = Path("outputs/eval")
 RUN_FILE, SUMMARY_FILE = "run.json", "summary.json"
@@ -118,9 +120,10 @@ def read_benchmark(data_dir: Path, benchmark: str) -> list[Problem]:
 
     path = Path(data_dir) / f"{benchmark}.parquet"
     if not path.is_file():
+        other = "" if benchmark in BENCHMARKS else f" (the paper's benchmarks are {', '.join(BENCHMARKS)})"
         raise EvalError(
             f"{path}: not found; write it with `python -m stapo.data eval --out {data_dir}` "
-            f"or leave {benchmark} out of --benchmarks"
+            f"or leave {benchmark} out of --benchmarks{other}"
         )
     columns = ("prompt", "reward_model", "extra_info")
     missing = [c for c in columns if c not in pq.read_schema(path).names]
@@ -185,7 +188,7 @@ def infer_method_size(model: Path) -> tuple[str | None, str | None]:
 
 def parse_n(values: Sequence[str] | None, benchmarks: Sequence[str]) -> dict[str, int]:
     """Samples per problem: :data:`DEFAULT_N`, then ``N`` (all benchmarks) or ``BENCH=N`` overrides in order."""
-    counts = {b: DEFAULT_N[b] for b in benchmarks}
+    counts = {b: DEFAULT_N.get(b, OTHER_N) for b in benchmarks}
     for value in values or ():
         name, _, count = value.rpartition("=")
         if not count.isdigit() or int(count) < 1:
@@ -472,8 +475,9 @@ def summarize(settings: dict, labels: dict, done: dict[tuple[str, int], list[dic
         if len(groups) != info["problems"]:
             return None
         benchmarks[bench] = benchmark_metrics(groups)
-    order = [b for b in BENCHMARKS if b in benchmarks]
-    average = statistics.fmean(benchmarks[b]["avg"] for b in BENCHMARKS) if len(order) == len(BENCHMARKS) else None
+    paper = [b for b in BENCHMARKS if b in benchmarks]
+    average = statistics.fmean(benchmarks[b]["avg"] for b in BENCHMARKS) if len(paper) == len(BENCHMARKS) else None
+    order = paper + [b for b in benchmarks if b not in BENCHMARKS]
     return {
         **labels,
         **{k: settings[k] for k in _SAMPLE_SETTINGS},
@@ -559,8 +563,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", nargs="+", required=True, help="Hugging Face model folder(s)")
     parser.add_argument("--data", type=Path, default=DEFAULT_OUT, help=f"prepared parquet folder ({DEFAULT_OUT})")
     parser.add_argument("--out", type=Path, default=DEFAULT_RESULTS, help=f"results folder ({DEFAULT_RESULTS})")
-    parser.add_argument("--benchmarks", nargs="+", choices=BENCHMARKS, default=list(BENCHMARKS), metavar="BENCH")
-    parser.add_argument("--n", nargs="+", metavar="N|BENCH=N", help="samples per problem (default 32 / 4)")
+    parser.add_argument(
+        "--benchmarks", nargs="+", default=list(BENCHMARKS), metavar="BENCH",
+        help="names of DATA/<BENCH>.parquet files (default: the paper's six benchmarks)",
+    )  # fmt: skip
+    parser.add_argument("--n", nargs="+", metavar="N|BENCH=N", help="samples per problem (default 32 / 4; others 4)")
     parser.add_argument("--preset", choices=PRESETS, default="train", help="train: T=1, top-p=1; justrl: 0.7, 0.9")
     parser.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, help="max new tokens per sample")
     parser.add_argument("--seed", type=int, default=0, help="vLLM engine seed")

@@ -40,6 +40,8 @@ on batches of millions of tokens, where such rare tokens still occur by the thou
 samples its tokens from a 512-token vocabulary with high confidence, and a quickstart batch holds a few thousand
 tokens: at 0.002, and often at 0.02, no token of a positive-advantage response is a candidate. At 0.1 a handful are,
 typically a wrong intermediate number in a response whose final answer is right: the paper's spurious tokens."""
+EVAL_NAME = "arith"
+"""Benchmark name of the task's validation split for ``python -m stapo.eval`` (``eval_data/arith.parquet``)."""
 MAX_NEW_TOKENS = 48
 """Response budget: a worked solution is about 25 tokens of the tiny tokenizer."""
 
@@ -211,18 +213,17 @@ def run_gpu(args: argparse.Namespace, warm: Path, paths: dict[str, Path], val: l
         overrides = train_overrides(method, warm, paths, args.steps, out, args.tau_p)
         call(cmd + overrides, out / "train.log", VERL_FILE_LOGGER_PATH=str(out / "metrics.jsonl"))
         models[method] = out / "ckpt" / f"global_step_{args.steps}" / "actor" / "huggingface"
-    # stapo.eval reads the six benchmark names only: the validation split goes in the math500 slot.
-    write_parquet(task.to_rows(val, "validation", args.seed), args.out / "eval_data" / "math500.parquet")
+    write_parquet(task.to_rows(val, "validation", args.seed), args.out / "eval_data" / f"{EVAL_NAME}.parquet")
     call(
         [sys.executable, "-m", "stapo.eval", "--model", *models.values(), "--label", *models, "--data"]
-        + [args.out / "eval_data", "--out", args.out / "eval", "--benchmarks", "math500", "--n", args.samples]
+        + [args.out / "eval_data", "--out", args.out / "eval", "--benchmarks", EVAL_NAME, "--n", args.samples]
         + ["--max-tokens", MAX_NEW_TOKENS, "--enforce-eager", "--gpu-memory-utilization", 0.3, "--no-progress"],
         args.out / "eval.log",
     )
     print(f"\nvalidation accuracy, avg@{args.samples} at T = 1.0 (stapo.eval, {len(val)} problems)")
     for label in models:
         summary = json.loads((args.out / "eval" / label / "train" / "summary.json").read_text())
-        print(f"  {label:<8} {summary['benchmarks']['math500']['avg']:6.2f}%")
+        print(f"  {label:<8} {summary['benchmarks'][EVAL_NAME]['avg']:6.2f}%")
     steps = [json.loads(line)["data"] for line in (args.out / "stapo" / "metrics.jsonl").read_text().splitlines()]
     steps = [s for s in steps if "stapo/candidate_tokens" in s]
     candidates, masked = (sum(s[f"stapo/{k}_tokens"] for s in steps) for k in ("candidate", "masked"))

@@ -194,6 +194,20 @@ def test_cli_end_to_end(assets, tmp_path, monkeypatch):
     assert cut["score"] == 0.0 and cut["tokens"] == 40 and cut["prompt"].endswith("assistant\n")
 
 
+def test_other_benchmark_files_are_evaluated_too(assets, tmp_path, monkeypatch):
+    """Any DATA/<name>.parquet in the recipe's schema (the quickstart's task): 4 samples per problem by default."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "arith.parquet").write_bytes((assets.data / "aime24.parquet").read_bytes())
+    calls = fake_vllm(monkeypatch, assets.tokenizer)
+    common = ["--model", str(assets.model), "--data", str(data), "--out", str(tmp_path / "out"), "--no-progress"]
+    ev.main([*common, "--benchmarks", "arith", "--grade-workers", "2"])
+    summary = json.loads((run_dir(tmp_path / "out") / "summary.json").read_text())
+    assert list(summary["benchmarks"]) == ["arith"] and summary["average"] is None
+    assert [p["n"] for p in calls.params] == [4]
+    assert_metrics(summary["benchmarks"]["arith"], AIME24)
+
+
 def test_resume_after_kill_keeps_one_record_per_sample(assets, tmp_path, monkeypatch):
     # one problem per generate call; the second call is "killed"
     fake_vllm(monkeypatch, assets.tokenizer, fail_on_call=2)
@@ -266,7 +280,7 @@ def test_bad_input_stops_early_with_the_fix(assets, tmp_path, monkeypatch, capsy
     assert "aime24.parquet: missing column(s) reward_model" in err
 
     err = bad_run(assets, tmp_path, monkeypatch, capsys, "--benchmarks", "aime2024")
-    assert "invalid choice: 'aime2024'" in err
+    assert "aime2024.parquet: not found" in err and "the paper's benchmarks are aime24, aime25" in err
     err = bad_run(assets, tmp_path, monkeypatch, capsys, "--benchmarks", "aime24", "--n", "math500=2")
     assert "'math500' is not among the benchmarks run" in err
     err = bad_run(assets, tmp_path, monkeypatch, capsys, "--shard", "2/2")
