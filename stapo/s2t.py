@@ -95,9 +95,7 @@ def s2t_mask(
     _check_s2t_params(tau_p, q)
     rows = _Rows.build(response_mask, entropy, log_probs, advantages)
     spurious, stats = rows.s2t(np.zeros(rows.n_rows, dtype=np.int64), 1, tau_p, q, quantile_fn)
-    keep = response_mask.clone(memory_format=torch.contiguous_format)
-    keep.view(-1)[torch.from_numpy(spurious).to(keep.device)] = 0
-    return keep, stats
+    return _zeroed(response_mask, spurious), stats
 
 
 def top_k_threshold(values: torch.Tensor, ratio: float) -> float:
@@ -140,9 +138,7 @@ def top_entropy_mask(
     _check_ratio(ratio)
     rows = _Rows.build(response_mask, entropy)
     silenced, stats = rows.top_entropy(np.zeros(rows.n_rows, dtype=np.int64), 1, ratio, threshold_fn)
-    keep = response_mask.clone(memory_format=torch.contiguous_format)
-    keep.view(-1)[torch.from_numpy(silenced).to(keep.device)] = 0
-    return keep, stats
+    return _zeroed(response_mask, silenced), stats
 
 
 def mask_for_update(
@@ -190,6 +186,13 @@ def mask_for_update(
     silenced[index] = True
     shape = response_mask.values().shape if response_mask.is_nested else response_mask.shape
     return torch.from_numpy(silenced).reshape(shape), summarize_mask_stats(stats)
+
+
+def _zeroed(response_mask: torch.Tensor, index: np.ndarray) -> torch.Tensor:
+    """A copy of ``response_mask`` (same dtype and device) with the tokens at flat ``index`` set to 0."""
+    keep = response_mask.clone(memory_format=torch.contiguous_format)
+    keep.view(-1)[torch.from_numpy(index).to(keep.device)] = 0
+    return keep
 
 
 def _check_ratio(ratio: float) -> None:
