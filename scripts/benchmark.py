@@ -5,12 +5,13 @@ python scripts/benchmark.py mask [--responses 2048 --length 15360]
     arrives in from TransferQueue, on this machine's CPU: median of repeated runs, plus folding the result into
     the two masks written back.
 
-python scripts/benchmark.py gpu --out DIR [--model tiny|qwen3_0.6b --tokenizer DIR --response-length 1024]
-    One real training run (verl V1 trainer, vLLM, FSDP, one GPU) in three consecutive phases of --steps steps:
-    JustRL (verl's stock loss, no mask), STAPO with policy_source=old, STAPO with policy_source=current.
-    Same process, same card, same warm engines: per phase, the median step and actor-update times (first step
-    of each phase dropped) and the peak GPU memory. verl reports the peak as a running maximum; the phases run in
-    that order, so a later phase's figure is an upper bound of its own peak.
+python scripts/benchmark.py gpu --out DIR [--model tiny|qwen3_0.6b --tokenizer DIR --response-length 1024 --cycles 6]
+    One real training run (verl V1 trainer, vLLM, FSDP, one GPU) that switches method every step, in --cycles
+    rounds: JustRL (verl's stock loss, no mask), STAPO with policy_source=old, STAPO with policy_source=current.
+    Same process, same card, same warm engines, and any drift of the machine spread over all three: per method,
+    the median step and actor-update times over the rounds after the first (warm-up) and the peak GPU memory of
+    its first step. verl reports the peak as a running maximum, so the figures of the later methods in a round
+    are upper bounds of their own peaks.
 """
 
 from __future__ import annotations

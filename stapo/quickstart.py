@@ -44,6 +44,8 @@ EVAL_NAME = "arith"
 """Benchmark name of the task's validation split for ``python -m stapo.eval`` (``eval_data/arith.parquet``)."""
 MAX_NEW_TOKENS = 48
 """Response budget: a worked solution is about 25 tokens of the tiny tokenizer."""
+PROMPTS, ROLLOUTS = 64, 8
+"""Prompts per RL step and responses per prompt of the GPU path."""
 
 
 # ------------------------------------------------------------------------------------------------- model and data
@@ -174,8 +176,18 @@ def run_cpu(args: argparse.Namespace, model, tokenizer, problems, responses, sco
 # ---------------------------------------------------------------------------------------------------- GPU path
 def train_overrides(method: str, model: Path, paths: dict[str, Path], steps: int, out: Path, tau_p: float) -> list:
     """Hydra overrides of one quickstart run: the tiny-model run of :func:`stapo.tiny.tiny_run_overrides` with the
-    recipe's reward, validation on the task's validation split and a Hugging Face checkpoint at the end."""
+    recipe's reward, validation on the task's validation split and a Hugging Face checkpoint at the end.
+
+    Steps are few and large (:data:`PROMPTS` x :data:`ROLLOUTS` responses, four PPO mini-batches of one micro-batch
+    each): each verl run spends minutes starting Ray, vLLM and FSDP, while a step of the tiny model costs seconds
+    whatever its size."""
+    mini = PROMPTS // 4
     changes = {
+        "data.train_batch_size": PROMPTS,
+        "actor_rollout_ref.rollout.n": ROLLOUTS,
+        "actor_rollout_ref.actor.ppo_mini_batch_size": mini,
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": mini * ROLLOUTS,
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": mini * ROLLOUTS,
         "data.val_files": paths["validation"],
         "trainer.experiment_name": f"quickstart_{method}",
         "trainer.val_before_train": True,
@@ -250,7 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--samples", type=int, default=8, help="samples per problem (accuracy, mask, stapo.eval)")
     parser.add_argument("--tau-p", type=float, default=DEMO_TAU_P, help="S2T tau_p (see DEMO_TAU_P)")
     parser.add_argument("--q", type=float, default=0.75, help="S2T entropy quantile")
-    parser.add_argument("--steps", type=int, default=40, help="gpu: RL steps per method")
+    parser.add_argument("--steps", type=int, default=16, help="gpu: RL steps per method")
     return parser
 
 

@@ -119,6 +119,8 @@ def test_gpu_overrides_compose_and_validate(method, tmp_path):
         cfg = compose(config_name=method, overrides=overrides)
     stapo = validate(cfg)
     assert cfg.data.val_files == str(paths["validation"]) and cfg.trainer.total_training_steps == 8
+    assert (cfg.data.train_batch_size, cfg.actor_rollout_ref.rollout.n) == (qs.PROMPTS, qs.ROLLOUTS)
+    assert cfg.actor_rollout_ref.actor.ppo_mini_batch_size * 4 == qs.PROMPTS
     assert cfg.reward.custom_reward_function.path == "pkg://stapo.reward"
     assert "hf_model" in cfg.actor_rollout_ref.actor.checkpoint.save_contents and cfg.trainer.save_freq == 8
     assert stapo.mask == ("s2t" if method == "stapo" else "none") and (method == "justrl" or stapo.tau_p == 0.02)
