@@ -157,9 +157,17 @@ def bench_gpu(args) -> dict:
             "response_length": statistics.mean(r["response_length/mean"] for r in timed),
             "masked_frac": statistics.mean(r.get("stapo/masked_frac", 0.0) for r in timed),
         }
+        if "timing_s/stapo_mask" in timed[0]:  # the driver's own mask time (policy_source=old), in update_actor
+            driver = [r["timing_s/stapo_mask"] + r["timing_s/stapo_restore"] for r in timed]
+            result[phase]["driver_mask_s"] = statistics.median(driver)
+            result[phase]["driver_mask_s_all"] = [round(x, 4) for x in driver]
     for phase in PHASES[1:]:
         for key in ("step_s", "update_actor_s", "peak_mem_gb"):
             result[phase][f"{key}_ratio"] = round(result[phase][key] / result["justrl"][key], 4)
+    if "driver_mask_s" in result["stapo_old"]:
+        result["stapo_old"]["driver_mask_share_of_justrl_step"] = round(
+            result["stapo_old"]["driver_mask_s"] / result["justrl"]["step_s"], 5
+        )
     return result
 
 

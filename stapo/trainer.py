@@ -16,6 +16,7 @@ Selected with ``trainer.v1.trainer_mode=stapo_sync`` (the STAPO configs do this)
 from __future__ import annotations
 
 import functools
+import time
 
 import torch
 import transfer_queue as tq
@@ -106,6 +107,7 @@ class STAPOTrainer(PPOTrainerSync):
                 )
             return batch
 
+        start = time.perf_counter()
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=MASK_INPUTS)
         originals = data.select(*MASKS)
         silenced, mask_metrics = mask_for_update(
@@ -121,13 +123,18 @@ class STAPOTrainer(PPOTrainerSync):
         )
         folded = TensorDict({name: fold(originals[name], silenced) for name in MASKS}, batch_size=len(batch))
         self._put_masks(batch, folded)
+        mask_seconds = time.perf_counter() - start
         if audit.enabled():
             during = self._mask_tokens(batch)
         try:
             batch = super()._update_actor(batch, metrics)
         finally:
+            start = time.perf_counter()
             self._put_masks(batch, originals)
         metrics.update(mask_metrics)
+        # the driver's whole cost of the mask (inside verl's timing_s/update_actor): read the inputs from
+        # TransferQueue, build the mask, write the folded masks; then write the original masks back
+        metrics.update({"timing_s/stapo_mask": mask_seconds, "timing_s/stapo_restore": time.perf_counter() - start})
         if audit.enabled():
             audit.write(
                 "driver",

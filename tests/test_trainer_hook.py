@@ -145,6 +145,7 @@ def test_mask_reaches_the_update_per_minibatch_and_is_restored(transfer_queue, t
     assert torch.equal(after["response_mask"], before["response_mask"])  # restored for metrics and logging
     assert torch.equal(after["loss_mask"], before["loss_mask"])
     assert metrics["stapo/masked_tokens"] == masked_total
+    assert metrics["timing_s/stapo_mask"] > 0 and metrics["timing_s/stapo_restore"] > 0
     (record,) = [json.loads(line) for line in next(tmp_path.glob("driver-*.jsonl")).read_text().splitlines()]
     tokens = int(before["response_mask"].sum())
     assert record["masked_tokens"] == masked_total and record["response_tokens"] == record["loss_tokens"] == tokens
