@@ -8,7 +8,8 @@ It exits non-zero if any of these fails, for every STAPO run:
   2. silenced tokens get exactly zero gradient in the workers, kept ones do get gradient;
   3. the loss denominator of every mini-batch equals its kept-token count over all data-parallel ranks;
   4. the workers saw exactly the driver's silenced tokens, and the response mask is the original one after the
-     update (what verl's metrics and logs read).
+     update (what verl's metrics and logs read);
+  5. the logged stapo/masked_tokens add up to the tokens the workers silenced.
 The reward is the fraction of digits in the response: continuous, so every group has positive and negative
 advantages.
 """
@@ -106,7 +107,7 @@ def read_jsonl(paths) -> list[dict]:
 
 
 def check(method: str, out: Path, gpus: int) -> tuple[list[str], dict]:
-    """Violations of properties 1-4 (module docstring) for one run, and a summary."""
+    """Violations of properties 1-5 (module docstring) for one run, and a summary."""
     problems = []
     steps = [r["data"] for r in read_jsonl([out / "metrics.jsonl"])]
     steps = [s for s in steps if "actor/pg_loss" in s]
@@ -148,6 +149,8 @@ def check(method: str, out: Path, gpus: int) -> tuple[list[str], dict]:
             problems.append(f"mini-batch {j}: denominators {sorted(denominators)} != kept tokens {kept}")
     silenced = sum(r["silenced_tokens"] for r in records)
     summary["worker_silenced"] = silenced
+    if sum(masked) != silenced:
+        problems.append(f"stapo/masked_tokens sums to {sum(masked)} over the steps, the workers silenced {silenced}")
     if method == "stapo":
         driver = read_jsonl(sorted((out / "audit").glob("driver-*.jsonl")))
         if silenced != sum(d["masked_tokens"] for d in driver):

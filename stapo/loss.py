@@ -49,11 +49,14 @@ def stapo_loss(config, model_output, data: TensorDict, dp_group=None, *, stapo: 
     loss, loss_metrics = ppo_loss(config, model_output, data, dp_group)
     if audit.enabled():
         audit.write("loss", audit.loss_record(loss, model_output, data, dp_group))
+    # verl sums a SUM metric over micro-batches but averages it over data-parallel ranks (Metric.aggregate_dp):
+    # a rank's token count times the number of ranks makes that average the count over all ranks.
+    ranks = dist.get_world_size(dp_group) if _distributed(dp_group) else 1
     loss_metrics.update(
         {
-            key: Metric(
-                value=value, aggregation=AggregationType.SUM if key.endswith("_tokens") else AggregationType.MEAN
-            )
+            key: Metric(value=value * ranks, aggregation=AggregationType.SUM)
+            if key.endswith("_tokens")
+            else Metric(value=value, aggregation=AggregationType.MEAN)
             for key, value in metrics.items()
         }
     )

@@ -20,6 +20,7 @@ import torch.multiprocessing as mp
 from tensordict import TensorDict
 from verl.utils import tensordict_utils as tu
 from verl.utils.config import omega_conf_to_dataclass
+from verl.utils.metric import AggregationType, Metric
 from verl.workers.utils.losses import ppo_loss
 
 from stapo.config import CONFIG_DIR, StapoConfig
@@ -83,7 +84,7 @@ def run_engine_minibatch(loss_fn, data, cur, ent, rows, micro_splits, group=None
     dp_size = dist.get_world_size(group) if group is not None else 1
     tu.assign_non_tensor(local, batch_num_tokens=int(count), dp_size=dp_size, global_batch_size=len(RESP_LENS))
     leaves = {i: cur[i].clone().requires_grad_(True) for i in rows}
-    total = torch.zeros(())
+    total, metrics = torch.zeros(()), []
     for split in micro_splits:
         idx = [rows[j] for j in split]
         micro = tu.index_select_tensor_dict(local, torch.tensor(split))
@@ -91,10 +92,11 @@ def run_engine_minibatch(loss_fn, data, cur, ent, rows, micro_splits, group=None
             "log_probs": full_sequence({i: leaves[i] for i in idx}, idx),
             "entropy": full_sequence({i: ent[i] for i in idx}, idx),
         }
-        loss, _ = loss_fn(model_output=output, data=micro, dp_group=group)
+        loss, micro_metrics = loss_fn(model_output=output, data=micro, dp_group=group)
         loss.backward()
         total = total + loss.detach()
-    return total, {i: leaves[i].grad for i in rows}
+        metrics.append(micro_metrics)
+    return total, {i: leaves[i].grad for i in rows}, metrics
 
 
 def hand_loss(keep_rows, cur, data, cfg):
@@ -131,7 +133,7 @@ def test_token_mean_over_kept_tokens_for_any_micro_split(splits, loss):
     fn = functools.partial(ppo_loss if loss == "ppo_loss" else OLD, config=cfg)
     mask = folded_mask()
     data, cur, ent = make_batch(mask)
-    total, grads = run_engine_minibatch(fn, data, cur, ent, list(range(6)), splits)
+    total, grads, _ = run_engine_minibatch(fn, data, cur, ent, list(range(6)), splits)
     assert total.item() == pytest.approx(hand_loss(mask, cur, data, cfg), rel=1e-5)
     for i, row in enumerate(mask):
         for t, k in enumerate(row):
@@ -161,11 +163,11 @@ def test_audit_records_zero_gradient_at_silenced_tokens(tmp_path, monkeypatch):
 def test_all_masked_minibatch_gives_finite_zero_loss():
     cfg = actor_config()
     data, cur, ent = make_batch([[0] * n for n in RESP_LENS])
-    raw, _ = run_engine_minibatch(
+    raw, _, _ = run_engine_minibatch(
         functools.partial(ppo_loss, config=cfg), data, cur, ent, list(range(6)), [[0, 1, 2], [3, 4, 5]]
     )
     assert torch.isnan(raw)  # what verl alone does: 0 / 0
-    total, grads = run_engine_minibatch(
+    total, grads, _ = run_engine_minibatch(
         functools.partial(OLD, config=cfg), data, cur, ent, list(range(6)), [[0, 1, 2], [3, 4, 5]]
     )
     assert torch.isfinite(total) and total.item() == 0.0
@@ -178,7 +180,7 @@ def test_current_policy_mask_single_micro_batch_is_exact():
     data, cur, ent = make_batch([[1] * n for n in RESP_LENS])
     keep_rows = current_policy_keep(cur, ent)
     fn = functools.partial(stapo_loss, config=cfg, stapo=CURRENT)
-    total, grads = run_engine_minibatch(fn, data, cur, ent, list(range(6)), [[0, 1, 2, 3, 4, 5]])
+    total, grads, _ = run_engine_minibatch(fn, data, cur, ent, list(range(6)), [[0, 1, 2, 3, 4, 5]])
     assert total.item() == pytest.approx(hand_loss(keep_rows, cur, data, cfg), rel=1e-5)
     for i, row in enumerate(keep_rows):
         assert all(grads[i][t] == 0 for t, k in enumerate(row) if not k)
@@ -224,9 +226,10 @@ def _rank_main(rank, port, mode, queue):
             splits = [[0, 1, 2]]  # one micro-batch per rank: the gathered quantile is the mini-batch's
         data, cur, ent = make_batch(mask)
         rows = [0, 1, 2] if rank == 0 else [3, 4, 5]  # verl hands each rank a contiguous chunk
-        total, grads = run_engine_minibatch(fn, data, cur, ent, rows, splits, group=dist.group.WORLD)
+        total, grads, metrics = run_engine_minibatch(fn, data, cur, ent, rows, splits, group=dist.group.WORLD)
         dist.all_reduce(total)  # FSDP averages over ranks; the loss is pre-scaled by dp_size
-        queue.put((rank, total.item() / 2, {i: g.tolist() for i, g in grads.items()}))
+        masked = [m["stapo/masked_tokens"].values for m in metrics if "stapo/masked_tokens" in m]
+        queue.put((rank, total.item() / 2, {i: g.tolist() for i, g in grads.items()}, masked))
     finally:
         dist.destroy_process_group()
 
@@ -249,7 +252,7 @@ def test_two_gloo_ranks_old_policy_mask_matches_single_process():
     mask = folded_mask()
     data, cur, _ = make_batch(mask)
     expected = hand_loss(mask, cur, data, cfg)
-    for _, loss, grads in run_two_ranks("old"):
+    for _, loss, grads, _ in run_two_ranks("old"):
         assert loss == pytest.approx(expected, rel=1e-5)
         for i, g in grads.items():
             assert all(g[t] == 0 for t, k in enumerate(mask[i]) if not k)
@@ -260,7 +263,13 @@ def test_two_gloo_ranks_current_policy_mask_uses_the_gathered_quantile():
     data, cur, ent = make_batch([[1] * n for n in RESP_LENS])
     keep_rows = current_policy_keep(cur, ent)
     expected = hand_loss(keep_rows, cur, data, cfg)
-    for _, loss, grads in run_two_ranks("current"):
+    results = run_two_ranks("current")
+    for _, loss, grads, _ in results:
         assert loss == pytest.approx(expected, rel=1e-5)
         for i, g in grads.items():
             assert all(g[t] == 0 for t, k in enumerate(keep_rows[i]) if not k)
+    # the masked-token metric as verl aggregates it over ranks (a mean) is the count over both ranks
+    per_rank = [Metric(AggregationType.SUM) for _ in results]
+    for metric, (*_, masked) in zip(per_rank, results):
+        metric.extend([v for micro in masked for v in micro])
+    assert Metric.aggregate_dp(per_rank) == sum(not k for row in keep_rows for k in row)
