@@ -201,7 +201,8 @@ def _check_ratio(ratio: float) -> None:
 
 
 def _numpy(t: torch.Tensor) -> np.ndarray:
-    return t.detach().reshape(-1).cpu().numpy()
+    t = t.detach().reshape(-1).cpu()
+    return (t.float() if t.dtype == torch.bfloat16 else t).numpy()  # NumPy has no bfloat16
 
 
 _CHUNK = 1 << 20  # tokens per piece of the batch-wide comparisons: temporaries that stay small

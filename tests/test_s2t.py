@@ -196,3 +196,23 @@ def test_batch_path_equals_the_single_mask_on_each_group(seed, method):
     flat_silenced, flat_metrics = mask_for_update(method, *as_nested, groups, tau_p=0.002, q=0.6)
     assert torch.equal(flat_silenced, torch.cat([silenced[i, :n] for i, n in enumerate(lens)]))
     assert flat_metrics == pytest.approx(metrics, nan_ok=True)
+
+
+@pytest.mark.parametrize("nested", [False, True])
+def test_mask_for_update_takes_bfloat16_inputs(nested):
+    """verl can store old log-probs and entropies in bfloat16 (seen with the FSDP engine on CPU): same mask as
+    their float32 values."""
+    log_probs, entropy, advantages, mask, lens = random_batch(3)
+    low = [x.bfloat16() for x in (log_probs, entropy, advantages)]
+    wide = [x.float() for x in low]
+    if nested:
+
+        def jagged(x):
+            return torch.nested.as_nested_tensor([x[i, :n] for i, n in enumerate(lens)], layout=torch.jagged)
+
+        low, wide, mask = [jagged(x) for x in low], [jagged(x) for x in wide], jagged(mask)
+    groups = [torch.arange(6), torch.arange(6, 12)]
+    silenced, metrics = mask_for_update("s2t", *low, mask, groups, tau_p=0.002, q=0.6)
+    expected, expected_metrics = mask_for_update("s2t", *wide, mask, groups, tau_p=0.002, q=0.6)
+    assert torch.equal(silenced, expected) and metrics == pytest.approx(expected_metrics, nan_ok=True)
+    assert metrics["stapo/masked_tokens"] > 0
