@@ -10,7 +10,8 @@ Selected with ``trainer.v1.trainer_mode=stapo_sync`` (the STAPO configs do this)
    workers will split the batch (or one per step with ``quantile_scope: batch``); it is folded into
    ``response_mask`` for the update only and the original mask is put back afterwards, so advantages, data metrics
    and logs see the rollout unchanged. verl's ``token-mean`` divides by the global count of ``response_mask`` per
-   mini-batch, so the loss is renormalised over the kept tokens exactly (STAPO objective, 1 / Σ I).
+   mini-batch, so the loss is renormalised over the kept tokens exactly (STAPO objective, 1 / Σ I). The driver's
+   share of this is timed every step: ``timing_s/stapo_mask`` and ``timing_s/stapo_restore``.
 """
 
 from __future__ import annotations

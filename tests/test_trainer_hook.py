@@ -8,6 +8,7 @@ records each mini-batch it would train on.
 
 import functools
 import json
+import time
 
 import pytest
 import ray
@@ -61,7 +62,10 @@ class StandInActorWorkerGroup:
         self.loss_fn = None
         self.update_metrics = update_metrics or {}
 
+    UPDATE_SECONDS = 0.3  # what the "update" takes here: the trainer's mask timers must leave it out
+
     def update_actor(self, batch):
+        time.sleep(self.UPDATE_SECONDS)
         info = batch.extra_info
         per_rank = []
         for rank, chunk in enumerate(batch.chunk(DP)):
@@ -124,7 +128,9 @@ def test_mask_reaches_the_update_per_minibatch_and_is_restored(transfer_queue, t
     batch = put_batch()
     before = tq.kv_batch_get(keys=batch.keys, partition_id="train").to_padded_tensor()
     metrics = {}
+    start = time.perf_counter()
     trainer._update_actor(batch, metrics)
+    wall = time.perf_counter() - start
 
     assert len(wg.seen) == N_ROWS // (MINI_PROMPTS * ROLLOUT_N)
     masked_total = 0
@@ -145,7 +151,9 @@ def test_mask_reaches_the_update_per_minibatch_and_is_restored(transfer_queue, t
     assert torch.equal(after["response_mask"], before["response_mask"])  # restored for metrics and logging
     assert torch.equal(after["loss_mask"], before["loss_mask"])
     assert metrics["stapo/masked_tokens"] == masked_total
+    driver = metrics["timing_s/stapo_mask"] + metrics["timing_s/stapo_restore"]  # the mask's work, not the update's
     assert metrics["timing_s/stapo_mask"] > 0 and metrics["timing_s/stapo_restore"] > 0
+    assert driver <= wall - StandInActorWorkerGroup.UPDATE_SECONDS
     (record,) = [json.loads(line) for line in next(tmp_path.glob("driver-*.jsonl")).read_text().splitlines()]
     tokens = int(before["response_mask"].sum())
     assert record["masked_tokens"] == masked_total and record["response_tokens"] == record["loss_tokens"] == tokens
