@@ -270,17 +270,24 @@ def build_rows(
     return rows
 
 
-def write_parquet(rows: list[dict], path: Path) -> None:
-    """Write rows in :data:`SCHEMA` atomically (temporary file in the same folder, then rename)."""
+def write_atomic(path: Path, data: str | bytes) -> None:
+    """Write a whole file through a temporary file in the same folder and ``os.replace``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(descriptor)
     try:
-        pq.write_table(pa.Table.from_pylist(rows, schema=SCHEMA), temporary)
+        with os.fdopen(descriptor, "wb") as file:
+            file.write(data.encode() if isinstance(data, str) else data)
         os.replace(temporary, path)
     except BaseException:
         os.unlink(temporary)
         raise
+
+
+def write_parquet(rows: list[dict], path: Path) -> None:
+    """Write rows in :data:`SCHEMA` atomically (:func:`write_atomic`)."""
+    buffer = pa.BufferOutputStream()
+    pq.write_table(pa.Table.from_pylist(rows, schema=SCHEMA), buffer)
+    write_atomic(path, buffer.getvalue().to_pybytes())
 
 
 def benchmark_from_path(path: Path, root: Path | None = None) -> str | None:

@@ -25,14 +25,13 @@ import math
 import os
 import re
 import statistics
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NamedTuple
 
-from stapo.data import BENCHMARKS, DEFAULT_OUT
+from stapo.data import BENCHMARKS, DEFAULT_OUT, write_atomic
 from stapo.reward import grade_many
 
 METHODS = ("grpo", "entropy20", "justrl", "stapo")
@@ -85,19 +84,6 @@ class Problem:
     ground_truth: str
     prompt: str = ""  # the chat-templated prompt, set by render_prompts
     prompt_ids: tuple = ()
-
-
-def write_atomic(path: Path, data: str | bytes) -> None:
-    """Write a whole file through a temporary file in the same folder and ``os.replace``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(descriptor, "wb") as file:
-            file.write(data.encode() if isinstance(data, str) else data)
-        os.replace(temporary, path)
-    except BaseException:
-        os.unlink(temporary)
-        raise
 
 
 def append_atomic(path: Path, lines: Sequence[str]) -> None:

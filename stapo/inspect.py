@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from stapo.eval import write_atomic
+from stapo.data import write_atomic
 from stapo.s2t import s2t_mask
 
 EVAL_KEYS = ("benchmark", "problem_id", "sample", "prompt", "response", "score")

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from stapo.data import BENCHMARKS
-from stapo.eval import METHODS, PRESETS, SIZES, SUMMARY_FILE, write_atomic
+from stapo.data import BENCHMARKS, write_atomic
+from stapo.eval import METHODS, PRESETS, SIZES, SUMMARY_FILE
 
 BENCHMARK_TITLES = ("AIME24", "AIME25", "AMC23", "MATH500", "Minerva", "Olympiad")
 METHOD_TITLES = {"grpo": "GRPO", "entropy20": "20-Entropy", "justrl": "JustRL", "stapo": "STAPO"}
