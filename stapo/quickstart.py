@@ -31,6 +31,7 @@ import torch
 from stapo import task
 from stapo.data import make_prompt, write_parquet
 from stapo.inspect import Rollout, format_token, grpo_advantages, silenced_tokens, token_stats
+from stapo.report import read_metrics
 from stapo.reward import compute_score
 from stapo.tiny import replace_overrides, tiny_run_overrides
 
@@ -215,6 +216,13 @@ def call(cmd: list, log: Path, **env: str) -> None:
         raise SystemExit(f"failed (exit {code}); last lines of {log}:\n{log.read_text()[-3000:]}")
 
 
+def s2t_totals(metrics: dict[str, dict[int, float]]) -> tuple[int, float, float]:
+    """(steps, candidate tokens, masked tokens) summed over the steps of a run's metrics (``stapo.report.read_metrics``
+    output) that logged the S2T counts."""
+    candidates, masked = (metrics.get(f"stapo/{k}_tokens", {}) for k in ("candidate", "masked"))
+    return len(candidates), sum(candidates.values()), sum(masked.values())
+
+
 def run_gpu(args: argparse.Namespace, warm: Path, paths: dict[str, Path], val: list[task.Problem]) -> None:
     """JustRL and STAPO from the warmed-up model, evaluation of all three, S2T statistics and plots."""
     models = {"warmup": warm}
@@ -236,10 +244,8 @@ def run_gpu(args: argparse.Namespace, warm: Path, paths: dict[str, Path], val: l
     for label in models:
         summary = json.loads((args.out / "eval" / label / "train" / "summary.json").read_text())
         print(f"  {label:<8} {summary['benchmarks'][EVAL_NAME]['avg']:6.2f}%")
-    steps = [json.loads(line)["data"] for line in (args.out / "stapo" / "metrics.jsonl").read_text().splitlines()]
-    steps = [s for s in steps if "stapo/candidate_tokens" in s]
-    candidates, masked = (sum(s[f"stapo/{k}_tokens"] for s in steps) for k in ("candidate", "masked"))
-    print(f"S2T over {len(steps)} STAPO steps (tau_p = {args.tau_p}): {candidates:.0f} candidates, {masked:.0f} masked")
+    steps, candidates, masked = s2t_totals(read_metrics(args.out / "stapo" / "metrics.jsonl"))
+    print(f"S2T over {steps} STAPO steps (tau_p = {args.tau_p}): {candidates:.0f} candidates, {masked:.0f} masked")
     logs = [f"{m}={args.out / m / 'metrics.jsonl'}" for m in ("justrl", "stapo")]
     call([sys.executable, "-m", "stapo.report", "plot", *logs, "--out", args.out / "plots"], args.out / "plot.log")
     print(f"outputs: {args.out} (runs: justrl/, stapo/; evaluation: eval/; plots: plots/)")

@@ -138,3 +138,17 @@ def test_script_syntax_and_cpu_path(tmp_path):
     assert "S2T mask on 2 problems x 2 samples" in result.stdout
     assert (tmp_path / "out" / "warmup" / "config.json").is_file()
     assert (tmp_path / "out" / "data" / "validation.parquet").is_file()
+
+
+def test_s2t_totals_from_verls_file_logger(tmp_path, monkeypatch):
+    from verl.utils.tracking import FileLogger
+
+    from stapo.report import read_metrics
+
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(tmp_path / "metrics.jsonl"))
+    logger = FileLogger("quickstart", "stapo")
+    logger.log({"val-core/quickstart/acc/mean@8": 0.25}, step=0)  # validation before training: no S2T counts
+    for step, (candidates, masked) in enumerate([(10.0, 7.0), (4.0, 3.0), (0.0, 0.0)], start=1):
+        logger.log({"stapo/candidate_tokens": candidates, "stapo/masked_tokens": masked, "actor/lr": 1e-6}, step)
+    logger.finish()
+    assert qs.s2t_totals(read_metrics(tmp_path / "metrics.jsonl")) == (3, 14.0, 10.0)
