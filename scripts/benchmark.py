@@ -9,9 +9,10 @@ python scripts/benchmark.py gpu --out DIR [--model tiny|qwen3_0.6b --tokenizer D
     One real training run (verl V1 trainer, vLLM, FSDP, one GPU) that switches method every step, in --cycles
     rounds: JustRL (verl's stock loss, no mask), STAPO with policy_source=old, STAPO with policy_source=current.
     Same process, same card, same warm engines, and any drift of the machine spread over all three: per method,
-    the median step and actor-update times over the rounds after the first (warm-up) and the peak GPU memory of
-    its first step. verl reports the peak as a running maximum, so the figures of the later methods in a round
-    are upper bounds of their own peaks.
+    the median step and actor-update times over the rounds after the first (warm-up), and the largest peak GPU
+    memory of its actor updates in those rounds. verl reports the actor's peak as a running maximum over the
+    process, so the benchmark resets the CUDA peak counter in the actor worker before every update (one GPU:
+    verl's ``execute_func_rank_zero`` reaches the only rank).
 """
 
 from __future__ import annotations
@@ -102,6 +103,7 @@ def register_bench_trainer() -> None:
                 loss = functools.partial(stapo_loss, stapo=self.stapo) if self.stapo.active else ppo_loss
                 self.actor_rollout_wg.set_loss_fn(functools.partial(loss, config=loss_config))
             metrics["bench/phase"] = PHASES.index(phase)
+            self.actor_rollout_wg.execute_func_rank_zero(torch.cuda.reset_peak_memory_stats)
             return super()._update_actor(batch, metrics)
 
 
@@ -153,7 +155,8 @@ def bench_gpu(args) -> dict:
             "update_actor_s": statistics.median(r["timing_s/update_actor"] for r in timed),
             "step_s_all": [round(r["timing_s/step"], 3) for r in runs],
             "update_actor_s_all": [round(r["timing_s/update_actor"], 3) for r in runs],
-            "peak_mem_gb": runs[0]["actor/perf/max_memory_allocated_gb"],
+            "peak_mem_gb": max(r["actor/perf/max_memory_allocated_gb"] for r in timed),
+            "peak_mem_gb_all": [round(r["actor/perf/max_memory_allocated_gb"], 4) for r in runs],
             "response_length": statistics.mean(r["response_length/mean"] for r in timed),
             "masked_frac": statistics.mean(r.get("stapo/masked_frac", 0.0) for r in timed),
         }
