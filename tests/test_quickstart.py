@@ -14,11 +14,13 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
+from verl.utils.tracking import FileLogger
 
 from stapo import quickstart as qs
 from stapo import task
 from stapo.config import CONFIG_DIR
 from stapo.data import SCHEMA, make_prompt
+from stapo.report import read_metrics
 from stapo.reward import compute_score
 from stapo.train import validate
 
@@ -141,10 +143,6 @@ def test_script_syntax_and_cpu_path(tmp_path):
 
 
 def test_s2t_totals_from_verls_file_logger(tmp_path, monkeypatch):
-    from verl.utils.tracking import FileLogger
-
-    from stapo.report import read_metrics
-
     monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(tmp_path / "metrics.jsonl"))
     logger = FileLogger("quickstart", "stapo")
     logger.log({"val-core/quickstart/acc/mean@8": 0.25}, step=0)  # validation before training: no S2T counts
