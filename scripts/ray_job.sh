@@ -8,5 +8,5 @@ method=${1:?$usage}
 size=${2:?$usage}
 shift 2
 exec ray job submit --address="${RAY_ADDRESS:-http://127.0.0.1:8265}" \
-  --runtime-env-json='{"env_vars": {"VERL_USE_EXTERNAL_MODULES": "stapo.plugin"}}' \
+  --runtime-env-json='{"env_vars": {"VERL_USE_EXTERNAL_MODULES": "stapo.train.plugin"}}' \
   -- bash scripts/train.sh "$method" "$size" "$@"

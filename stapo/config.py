@@ -1,25 +1,52 @@
-"""The ``stapo:`` block of a training config, and the checks that run before any GPU work.
+"""The ``stapo:`` block of a training config: one typed dataclass, the single home of the method's defaults and
+allowed ranges, in verl's config style (``_target_: stapo.config.StapoConfig`` in the YAML, so that
+``hydra.utils.instantiate`` builds it; ``Literal`` fields; checks in ``__post_init__``). Also the recipe's Hydra config folder and the method and size names it defines.
 
-Every error names the offending key, the value found and what is allowed, so a bad YAML edit or command-line
-override fails on the driver in seconds instead of after Ray, vLLM and FSDP have started.
+Every error names the key, the value found and what is allowed, so that a bad YAML edit or override stops on the
+driver in seconds, before Ray, vLLM and FSDP start.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Literal, get_args, get_type_hints
 
 from omegaconf import DictConfig, OmegaConf
 
 _HERE = Path(__file__).resolve().parent
-# The recipe's Hydra configs: shipped inside the wheel as stapo/configs, the top-level configs/ in a checkout.
 CONFIG_DIR = next(p for p in (_HERE / "configs", _HERE.parent / "configs") if (p / "base.yaml").is_file())
+"""The recipe's Hydra configs: ``stapo/configs`` in an installed wheel, the top-level ``configs/`` in a checkout."""
 
 TRAINER_MODE = "stapo_sync"
-MASKS = ("none", "s2t", "top_entropy")
-POLICY_SOURCES = ("old", "current")
-QUANTILE_SCOPES = ("mini_batch", "batch")
+"""verl V1 trainer mode of every recipe config (:class:`stapo.train.trainer.STAPOTrainer`)."""
+
+
+def methods() -> tuple[str, ...]:
+    """Method names: the config files beside ``base.yaml`` (``stapo``, ``justrl``, ``grpo``, ``entropy20``)."""
+    return tuple(sorted(p.stem for p in CONFIG_DIR.glob("*.yaml") if p.stem != "base"))
+
+
+def sizes() -> tuple[str, ...]:
+    """Model-size names: the files of ``configs/size`` (``qwen3_1.7b``, ``qwen3_8b``, ``qwen3_14b``)."""
+    return tuple(sorted((p.stem for p in (CONFIG_DIR / "size").glob("*.yaml")), key=_size_key))
+
+
+def title(name: str) -> str:
+    """The display name of a method or size in tables and plots: ``recipe.method_title`` or ``recipe.size_title``
+    of its config file."""
+    if (CONFIG_DIR / f"{name}.yaml").is_file():
+        return str(OmegaConf.load(CONFIG_DIR / f"{name}.yaml").recipe.method_title)
+    return str(OmegaConf.load(CONFIG_DIR / "size" / f"{name}.yaml").recipe.size_title)
+
+
+def _size_key(name: str) -> float:
+    number = name.rpartition("_")[2].rstrip("b")
+    try:
+        return float(number)
+    except ValueError:
+        return math.inf
 
 
 class StapoConfigError(ValueError):
@@ -28,96 +55,102 @@ class StapoConfigError(ValueError):
 
 @dataclass(frozen=True)
 class StapoConfig:
-    """Typed view of the ``stapo:`` block (defaults are the paper's v4 values).
+    """The ``stapo:`` block. Defaults are the paper's v4 values (STAPO, arXiv 2602.15620, hyper-parameter table);
+    each field's ``help`` says what it does and where it comes from (``python -m stapo.train --help`` prints them)."""
 
-    Attributes:
-        mask: ``s2t`` (STAPO), ``top_entropy`` (the 20-Entropy baseline) or ``none`` (GRPO / JustRL).
-        tau_p: probability threshold τ_p in (0, 1].
-        q: entropy quantile in [0, 1]; the bottom q of the candidates by entropy are silenced.
-        policy_source: ``old``: mask from the old-policy log-probs and entropies verl already computes, built on
-            the driver before the update (exact renormalisation, no extra cost); ``current``: mask from π_θ inside
-            the update, as in the paper's Algorithm 1 (approximations: see :mod:`stapo.loss`).
-        quantile_scope: ``mini_batch`` (the paper: one quantile per PPO mini-batch) or ``batch`` (one per step).
-            Only with ``policy_source: old``.
-        top_entropy_ratio: ρ of the 20-Entropy baseline, in (0, 1].
-    """
+    mask: Literal["none", "s2t", "top_entropy"] = field(
+        default="none",
+        metadata={
+            "help": "s2t: STAPO's S2T mask; top_entropy: the 20-Entropy baseline (arXiv 2506.01939); none: GRPO, JustRL"
+        },
+    )
+    tau_p: float = field(
+        default=0.002,
+        metadata={
+            "help": "probability threshold tau_p in (0, 1]: candidates are tokens with p < tau_p in "
+            "positive-advantage responses (paper: 0.002, for Qwen3's 151k-token vocabulary)"
+        },
+    )
+    q: float = field(
+        default=0.75,
+        metadata={
+            "help": "entropy quantile in [0, 1]: the bottom q of the candidates by entropy are silenced "
+            "(paper v4: 0.75)"
+        },
+    )
+    policy_source: Literal["old", "current"] = field(
+        default="old",
+        metadata={
+            "help": "old: p and H of the old policy, mask built on the driver before the update (exact "
+            "renormalisation, no GPU cost); current: p and H of pi_theta inside the update (paper's Algorithm 1)"
+        },
+    )
+    quantile_scope: Literal["mini_batch", "batch"] = field(
+        default="mini_batch",
+        metadata={"help": "mini_batch: one tau_h per PPO mini-batch (paper); batch: one per step (policy_source=old)"},
+    )
+    top_entropy_ratio: float = field(
+        default=0.2,
+        metadata={
+            "help": "rho of 20-Entropy in (0, 1]: the share of response tokens kept by entropy (80/20 paper: 0.2)"
+        },
+    )
+    top_entropy_norm: Literal["selected", "all"] = field(
+        default="selected",
+        metadata={
+            "help": "20-Entropy loss denominator: selected (the kept tokens, the authors' code) or all (every "
+            "response token, the 80/20 paper's formula)"
+        },
+    )
+    metrics: bool = field(
+        default=True,
+        metadata={
+            "help": "log the S2T rule and the paper's gradient-norm bound (s2t/*) every step, also when no "
+            "mask is applied (JustRL, GRPO), for comparison"
+        },
+    )
 
-    mask: str = "none"
-    tau_p: float = 0.002
-    q: float = 0.75
-    policy_source: str = "old"
-    quantile_scope: str = "mini_batch"
-    top_entropy_ratio: float = 0.2
-
-    @classmethod
-    def from_node(cls, node: DictConfig | dict | None) -> StapoConfig:
-        """Build and validate from the ``stapo:`` node (missing keys take the defaults)."""
-        raw = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node or {})
-        known = {f.name for f in fields(cls)}
-        for key in raw:
-            if key not in known:
-                raise StapoConfigError(f"stapo.{key}: unknown key; allowed keys are {', '.join(sorted(known))}")
-        cfg = cls(**raw)
-        cfg._check()
-        return cfg
-
-    def _check(self) -> None:
-        _choice("mask", self.mask, MASKS)
-        _choice("policy_source", self.policy_source, POLICY_SOURCES)
-        _choice("quantile_scope", self.quantile_scope, QUANTILE_SCOPES)
-        _number("tau_p", self.tau_p, "in (0, 1] (paper: 0.002)", lambda v: 0.0 < v <= 1.0)
-        _number("q", self.q, "in [0, 1] (paper: 0.75)", lambda v: 0.0 <= v <= 1.0)
-        _number("top_entropy_ratio", self.top_entropy_ratio, "in (0, 1] (20-Entropy: 0.2)", lambda v: 0.0 < v <= 1.0)
+    def __post_init__(self) -> None:
+        hints = get_type_hints(type(self))
+        for f in fields(self):
+            value, kind = getattr(self, f.name), hints[f.name]
+            if get_args(kind) and kind.__origin__ is Literal:
+                if value not in get_args(kind):
+                    allowed = ", ".join(get_args(kind))
+                    raise StapoConfigError(f"stapo.{f.name}={value!r} is not allowed; use one of: {allowed}")
+            elif kind is bool and not isinstance(value, bool):
+                raise StapoConfigError(f"stapo.{f.name}={value!r} is not a boolean; use true or false")
+            elif kind is float and (isinstance(value, bool) or not isinstance(value, int | float)):
+                raise StapoConfigError(f"stapo.{f.name}={value!r} is not a number; {_RANGES[f.name][1]}")
+        for key, (ok, allowed) in _RANGES.items():
+            value = getattr(self, key)
+            if math.isnan(value) or not ok(value):
+                raise StapoConfigError(f"stapo.{key}={value!r} is out of range; {allowed}")
         if self.policy_source == "current" and self.quantile_scope == "batch":
             raise StapoConfigError(
                 "stapo.quantile_scope=batch needs stapo.policy_source=old: with policy_source=current the mask is "
                 "built inside the update, where only the current micro-batch exists; use quantile_scope=mini_batch"
             )
 
+    @classmethod
+    def from_node(cls, node: DictConfig | dict | None) -> StapoConfig:
+        """Build and check from the ``stapo:`` node of a composed config (missing keys take the defaults)."""
+        raw = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node or {})
+        raw.pop("_target_", None)
+        known = [f.name for f in fields(cls)]
+        unknown = sorted(set(raw) - set(known))
+        if unknown:
+            raise StapoConfigError(f"stapo.{unknown[0]}: unknown key; the stapo block has {', '.join(known)}")
+        return cls(**raw)
+
     @property
     def active(self) -> bool:
+        """A mask is applied to the loss."""
         return self.mask != "none"
 
 
-def _choice(key: str, value, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise StapoConfigError(f"stapo.{key}={value!r} is not allowed; use one of: {', '.join(allowed)}")
-
-
-def _number(key: str, value, allowed: str, ok) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value) or not ok(value):
-        raise StapoConfigError(f"stapo.{key}={value!r} is out of range; it must be a number {allowed}")
-
-
-def validate_training_config(config: DictConfig) -> StapoConfig:
-    """Check the ``stapo:`` block and how it fits the rest of a verl ``ppo_trainer`` config.
-
-    Raises :class:`StapoConfigError` naming the key. Returns the typed ``stapo:`` block.
-    """
-    stapo = StapoConfig.from_node(config.get("stapo"))
-    if not stapo.active:
-        return stapo
-    trainer = config.trainer
-    actor = config.actor_rollout_ref.actor
-    if not trainer.get("use_v1", True):
-        raise StapoConfigError(
-            "trainer.use_v1=False: the STAPO mask is implemented for verl's V1 trainer only; set trainer.use_v1=True"
-        )
-    if trainer.v1.trainer_mode != TRAINER_MODE:
-        raise StapoConfigError(
-            f"trainer.v1.trainer_mode={trainer.v1.trainer_mode!r}: stapo.mask={stapo.mask} needs "
-            f"trainer.v1.trainer_mode={TRAINER_MODE} (verl's stock trainers would silently skip the mask)"
-        )
-    if stapo.policy_source == "current" and not actor.calculate_entropy:
-        raise StapoConfigError(
-            "actor_rollout_ref.actor.calculate_entropy=False: stapo.policy_source=current needs the entropy of "
-            "π_θ in the update; set actor_rollout_ref.actor.calculate_entropy=True "
-            "(and actor_rollout_ref.actor.entropy_checkpointing=True to keep its memory low)"
-        )
-    if stapo.policy_source == "old" and stapo.quantile_scope == "mini_batch" and actor.ppo_epochs > 1 and actor.shuffle:
-        raise StapoConfigError(
-            "actor_rollout_ref.actor.shuffle=True with ppo_epochs>1 regroups the mini-batches every epoch, so no "
-            "single per-mini-batch mask exists; set actor_rollout_ref.actor.shuffle=False, ppo_epochs=1, "
-            "stapo.quantile_scope=batch or stapo.policy_source=current"
-        )
-    return stapo
+_RANGES = {
+    "tau_p": (lambda v: 0.0 < v <= 1.0, "it must be a number in (0, 1] (paper: 0.002)"),
+    "q": (lambda v: 0.0 <= v <= 1.0, "it must be a number in [0, 1] (paper: 0.75)"),
+    "top_entropy_ratio": (lambda v: 0.0 < v <= 1.0, "it must be a number in (0, 1] (20-Entropy: 0.2)"),
+}

@@ -1,19 +1,22 @@
-"""Every recipe config composes against the installed verl, passes verl's own validation and ours; bad STAPO
-values fail with the key named; the plugin registers in a fresh ``import verl`` process."""
+"""Every recipe config composes against the installed verl and passes verl's own validation and ours; the typed
+``stapo:`` block names the key of every bad value; the ``auto`` attention settings resolve; the plugin registers
+the trainer mode and the attention in a fresh ``import verl`` process; ``--help`` lists the recipe's options."""
 
 import os
 import subprocess
 import sys
+from dataclasses import fields
 
 import pytest
 from hydra import compose, initialize_config_dir
 from verl.utils.config import omega_conf_to_dataclass
 
-from stapo.config import CONFIG_DIR, StapoConfig, StapoConfigError, validate_training_config
-from stapo.train import validate
+from stapo.config import CONFIG_DIR, StapoConfig, StapoConfigError, methods, sizes, title
+from stapo.train import attention, preflight
+from stapo.train.main import ConfigError, usage, validate
 
-METHODS = {"stapo": "s2t", "justrl": "none", "grpo": "none", "entropy20": "top_entropy"}
-SIZES = {"qwen3_1.7b": "Qwen/Qwen3-1.7B-Base", "qwen3_8b": "Qwen/Qwen3-8B-Base", "qwen3_14b": "Qwen/Qwen3-14B-Base"}
+MASKS = {"stapo": "s2t", "justrl": "none", "grpo": "none", "entropy20": "top_entropy"}
+MODELS = {"qwen3_1.7b": "Qwen/Qwen3-1.7B-Base", "qwen3_8b": "Qwen/Qwen3-8B-Base", "qwen3_14b": "Qwen/Qwen3-14B-Base"}
 
 
 def load(name="stapo", *overrides):
@@ -21,16 +24,23 @@ def load(name="stapo", *overrides):
         return compose(config_name=name, overrides=list(overrides))
 
 
-@pytest.mark.parametrize("size", SIZES)
-@pytest.mark.parametrize("method", METHODS)
+def test_methods_and_sizes_come_from_the_config_folder():
+    assert methods() == tuple(sorted(MASKS)) and sizes() == tuple(MODELS)
+    assert [title(m) for m in ("grpo", "entropy20", "justrl", "stapo")] == ["GRPO", "20-Entropy", "JustRL", "STAPO"]
+    assert [title(s) for s in sizes()] == ["1.7B", "8B", "14B"]
+
+
+@pytest.mark.parametrize("size", MODELS)
+@pytest.mark.parametrize("method", MASKS)
 def test_every_config_composes_and_validates(method, size):
     cfg = load(method, f"size={size}")
-    stapo = validate(cfg)  # verl's validate_config, then ours
-    assert stapo.mask == METHODS[method]
-    assert cfg.actor_rollout_ref.model.path == SIZES[size]
+    stapo = validate(cfg, environment=False)  # ours, then verl's validate_config
+    assert stapo.mask == MASKS[method] and stapo.metrics
+    assert cfg.actor_rollout_ref.model.path == MODELS[size]
     assert cfg.trainer.experiment_name == f"{method}_{size}"
     actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)  # what the trainer ships to the workers
-    assert actor.optim.lr == 1e-6 and actor.optim.lr_warmup_steps == 10 and actor.entropy_coeff == 0
+    assert actor.optim.lr == 1e-6 and actor.optim.lr_warmup_steps == 10 and actor.optim.clip_grad == 1.0
+    assert actor.entropy_coeff == 0 and actor.optim.weight_decay == 0.1
     assert cfg.data.train_batch_size == 256 and actor.ppo_mini_batch_size == 64
     assert cfg.actor_rollout_ref.rollout.n == 8 and cfg.data.max_response_length == 15360
     assert (cfg.actor_rollout_ref.rollout.temperature, cfg.actor_rollout_ref.rollout.top_p) == (1.0, 1.0)
@@ -39,12 +49,22 @@ def test_every_config_composes_and_validates(method, size):
     else:
         assert (actor.clip_ratio_low, actor.clip_ratio_high, actor.use_kl_loss) == (0.2, 0.28, False)
         assert actor.loss_agg_mode == "token-mean"
-    assert cfg.trainer.v1.trainer_mode == ("sync" if METHODS[method] == "none" else "stapo_sync")
+    assert cfg.trainer.v1.trainer_mode == "stapo_sync"
+    assert cfg.reward.custom_reward_function.name == "dapo_score"  # the paper's "Reward Function: DAPO"
+    # auto resolved: no flash-attn on this machine
+    assert cfg.actor_rollout_ref.model.override_config.attn_implementation == attention.NAME
+    assert cfg.actor_rollout_ref.model.use_fused_kernels is True
 
 
-def test_paper_defaults():
-    cfg = load("stapo")
-    assert StapoConfig.from_node(cfg.stapo) == StapoConfig(mask="s2t", tau_p=0.002, q=0.75)
+def test_paper_defaults_live_in_the_typed_config_only():
+    import hydra.utils
+
+    stapo, justrl = load("stapo").stapo, load("justrl").stapo
+    assert StapoConfig.from_node(stapo) == StapoConfig(mask="s2t", tau_p=0.002, q=0.75)
+    assert set(justrl) - {"_target_"} == {f.name for f in fields(StapoConfig)}  # every knob in base.yaml, no other
+    for f in fields(StapoConfig):
+        assert justrl[f.name] == f.default, f"base.yaml's stapo.{f.name} differs from StapoConfig"
+    assert hydra.utils.instantiate(stapo) == StapoConfig(mask="s2t")  # the YAML's _target_
 
 
 @pytest.mark.parametrize(
@@ -54,12 +74,14 @@ def test_paper_defaults():
         ("stapo.tau_p=1.5", r"stapo\.tau_p=1\.5 is out of range"),
         ("stapo.q=1.2", r"stapo\.q=1\.2 is out of range; it must be a number in \[0, 1\]"),
         ("stapo.q=-0.1", r"stapo\.q=-0\.1 is out of range"),
-        ("stapo.tau_p=abc", r"stapo\.tau_p='abc' is out of range"),
+        ("stapo.tau_p=abc", r"stapo\.tau_p='abc' is not a number; it must be a number in \(0, 1\]"),
         ("stapo.top_entropy_ratio=0", r"stapo\.top_entropy_ratio=0 is out of range"),
+        ("stapo.metrics=maybe", r"stapo\.metrics='maybe' is not a boolean"),
         ("stapo.mask=random", r"stapo\.mask='random' is not allowed; use one of: none, s2t, top_entropy"),
         ("stapo.policy_source=new", r"stapo\.policy_source='new' is not allowed; use one of: old, current"),
         ("stapo.quantile_scope=micro", r"stapo\.quantile_scope='micro' is not allowed"),
-        ("+stapo.tau=0.1", r"stapo\.tau: unknown key; allowed keys are"),
+        ("stapo.top_entropy_norm=some", r"stapo\.top_entropy_norm='some' is not allowed; use one of: selected, all"),
+        ("+stapo.tau=0.1", r"stapo\.tau: unknown key; the stapo block has mask, tau_p"),
         (
             "trainer.v1.trainer_mode=sync",
             r"trainer\.v1\.trainer_mode='sync': stapo\.mask=s2t needs trainer\.v1\.trainer_mode=stapo_sync",
@@ -79,37 +101,79 @@ def test_paper_defaults():
 def test_bad_stapo_values_name_the_key(override, message):
     cfg = load("stapo", *override.split())
     with pytest.raises(StapoConfigError, match=message):
-        validate_training_config(cfg)
+        preflight.validate_training_config(cfg)
 
 
 def test_good_variants_pass():
-    for overrides in (
-        ["stapo.policy_source=current", "actor_rollout_ref.actor.calculate_entropy=True"],
-        ["stapo.quantile_scope=batch", "actor_rollout_ref.actor.ppo_epochs=2", "actor_rollout_ref.actor.shuffle=True"],
-        ["stapo.q=0", "stapo.tau_p=1"],
+    for method, overrides in (
+        ("stapo", ["stapo.policy_source=current", "actor_rollout_ref.actor.calculate_entropy=True"]),
+        ("stapo", ["stapo.quantile_scope=batch", "actor_rollout_ref.actor.ppo_epochs=2"]),
+        ("stapo", ["stapo.q=0", "stapo.tau_p=1"]),
+        ("justrl", ["trainer.v1.trainer_mode=sync", "stapo.metrics=false"]),  # verl's stock trainer
+        ("entropy20", ["stapo.top_entropy_norm=all"]),
     ):
-        validate_training_config(load("stapo", *overrides))
+        preflight.validate_training_config(load(method, *overrides))
+
+
+def test_auto_attention_resolves_to_what_is_installed(monkeypatch):
+    """flash-attn cannot be installed on a CPU machine: its presence is stubbed (attention.flash_attn_installed)."""
+    assert attention.resolve("auto", "auto") == (attention.NAME, True)  # this machine: no flash-attn
+    monkeypatch.setattr(attention, "flash_attn_installed", lambda: True)
+    assert attention.resolve("auto", "auto") == ("flash_attention_2", False)
+    assert attention.resolve("sdpa", False) == ("sdpa", False)  # explicit choices are kept
+    monkeypatch.setattr(attention, "flash_attn_installed", lambda: False)
+    monkeypatch.setattr(attention, "varlen_supported", lambda: False)
+    with pytest.raises(RuntimeError, match="attn_implementation=auto: flash-attn is not installed and torch"):
+        attention.resolve("auto", "auto")
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            ["size=qwen3_8b", "actor_rollout_ref.model.override_config.attn_implementation=sdpa"],
+            r"actor_rollout_ref\.actor\.ulysses_sequence_parallel_size=2 with .*=sdpa: verl's Ulysses all-to-all",
+        ),
+        (
+            ["actor_rollout_ref.model.override_config.attn_implementation=flash_attention_2"],
+            r"=flash_attention_2 but flash-attn is not installed",
+        ),
+        (["actor_rollout_ref.model.use_remove_padding=False"], r"torch_varlen runs packed sequences"),
+    ],
+)
+def test_attention_settings_that_cannot_work_stop_the_run(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        validate(load("stapo", *overrides), environment=False)
 
 
 def test_plugin_registers_through_the_entry_point_and_the_env_var():
     clean = {k: v for k, v in os.environ.items() if k != "VERL_USE_EXTERNAL_MODULES"}
-    assert _run({**clean, "VERL_USE_EXTERNAL_PLUGINS": "auto"})
-    assert _run({**clean, "VERL_USE_EXTERNAL_PLUGINS": "none", "VERL_USE_EXTERNAL_MODULES": "stapo.plugin"})
-    assert not _run({**clean, "VERL_USE_EXTERNAL_PLUGINS": "none"})  # the check can fail
+    assert _run({**clean, "VERL_USE_EXTERNAL_PLUGINS": "auto"}) == "True True"
+    assert _run({**clean, "VERL_USE_EXTERNAL_PLUGINS": "none", "VERL_USE_EXTERNAL_MODULES": "stapo.train.plugin"})
+    assert _run({**clean, "VERL_USE_EXTERNAL_PLUGINS": "none"}) == "False False"  # the check can fail
 
 
 def _run(env):
-    code = "import verl\nfrom verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY\nprint(sorted(TRAINER_REGISTRY))"
+    code = (
+        "import verl\nfrom verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY\n"
+        "from transformers import AttentionInterface\n"
+        "print('stapo_sync' in TRAINER_REGISTRY, 'torch_varlen' in AttentionInterface._global_mapping)"
+    )
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    return "stapo_sync" in out.stdout
+    return out.stdout.strip().splitlines()[-1]
 
 
 def test_training_entry_stops_when_the_package_is_not_installed(monkeypatch):
-    import stapo.train
-
-    check = stapo.train.check_installed
-    check()  # installed by the README's set-up command: the entry point exists
-    monkeypatch.setattr(stapo.train, "entry_points", lambda group: [])
+    preflight.check_installed()  # installed by the README's set-up command: the entry point exists
+    monkeypatch.setattr(preflight, "entry_points", lambda group: [])
     with pytest.raises(RuntimeError, match="pip install -e ."):
-        check()
+        preflight.check_installed()
+
+
+def test_help_lists_methods_sizes_and_every_stapo_key():
+    out = subprocess.run([sys.executable, "-m", "stapo.train", "--help"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == usage()
+    assert len(out.stdout.splitlines()) < 30  # not verl's 1,100-line config
+    for name in (*methods(), *sizes(), *(f"stapo.{f.name}=" for f in fields(StapoConfig))):
+        assert name in out.stdout

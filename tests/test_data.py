@@ -1,15 +1,16 @@
 """Data preparation: template, benchmark recognition, the six public benchmarks, DAPO training data, bad rows."""
 
 import json
+import os
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from stapo import data
-from stapo.data import INSTRUCTION, InvalidRowError, make_prompt, prepare_eval, prepare_train
-from stapo.reward import grade_many, parse_answer
+from stapo.tools import data
+from stapo.tools.data import INSTRUCTION, InvalidRowError, make_prompt, prepare_eval, prepare_train
+from stapo.tools.reward import grade_many, parse_answer
 
 FIXTURES = Path(__file__).parent / "fixtures"
 EVAL_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "eval"
@@ -123,7 +124,7 @@ def test_eval_name_override_and_duplicates(tmp_path):
     src = write_jsonl(tmp_path / "my_copy.jsonl", records * 3)
     with pytest.raises(ValueError, match="--name"):
         prepare_eval([src], tmp_path / "out")
-    (report,), _ = prepare_eval([src], tmp_path / "out", name="amc23")
+    (report,), _ = prepare_eval([src], tmp_path / "out", name="amc23", partial=True)
     assert (report.rows, report.duplicates) == (2, 4)
     assert [r["reward_model"]["ground_truth"] for r in read_rows(tmp_path / "out" / "amc23.parquet")] == ["2", "4"]
 
@@ -142,7 +143,7 @@ def test_eval_reads_verl_parquet_with_templated_prompts(tmp_path):
         }
     ]
     pq.write_table(pa.Table.from_pylist(rows), folder / "test.parquet")
-    (report,), _ = prepare_eval([tmp_path / "data"], tmp_path / "out")
+    (report,), _ = prepare_eval([tmp_path / "data"], tmp_path / "out", partial=True)
     (row,) = read_rows(tmp_path / "out" / "aime24.parquet")
     assert report.name == "aime24"
     assert row["prompt"] == make_prompt("Find $x$.")  # the instruction is not doubled
@@ -199,13 +200,13 @@ def test_skip_invalid_counts_and_lists_bad_rows(tmp_path):
     src = write_jsonl(tmp_path / "math500.jsonl", [record for record, _ in BAD_ROWS])
     with src.open("a") as file:
         file.write("{not json\n")
-    (report,), _ = prepare_eval([src], tmp_path / "out", skip_invalid=True)
+    (report,), _ = prepare_eval([src], tmp_path / "out", skip_invalid=True, partial=True)
     assert report.rows == 1
     assert len(report.skipped) == len(BAD_ROWS)
     for (_, expected), message in zip(BAD_ROWS[1:], report.skipped, strict=False):
         assert message.startswith(f"{src}: {expected}")
     assert report.skipped[-1].startswith(f"{src}: row 8: field '<line>': not valid JSON")
-    summary = data.format_summary([report])
+    summary = data.format_report([report])
     assert all(f"skipped: {message}" in summary for message in report.skipped)
 
 
@@ -213,7 +214,7 @@ def test_cli_eval_prints_the_table_and_fails_cleanly(tmp_path, capsys):
     (tmp_path / "src").mkdir()
     good = write_jsonl(tmp_path / "src" / "aime24.jsonl", [{"problem": "P", "answer": "1"}])
     write_jsonl(tmp_path / "src" / "notes.jsonl", [{"text": "not a benchmark"}])
-    data.main(["eval", "--src", str(tmp_path / "src"), "--out", str(tmp_path / "out")])
+    data.main(["eval", "--src", str(tmp_path / "src"), "--out", str(tmp_path / "out"), "--partial"])
     printed = capsys.readouterr().out
     assert str(tmp_path / "out" / "aime24.parquet") in printed and str(good) in printed
     assert f"ignored (no benchmark in the name): {tmp_path / 'src' / 'notes.jsonl'}" in printed
@@ -233,7 +234,85 @@ def test_eval_without_src_uses_the_pinned_hub_copies(tmp_path, monkeypatch):
         return [{"problem": f"Problem from {source.repo}", "solution": "so \\boxed{12}"}]
 
     monkeypatch.setattr(data, "_hub_records", fake_hub_records)
-    reports, _ = prepare_eval(None, tmp_path)
+    reports, _ = prepare_eval(None, tmp_path, partial=True)
     assert requested == [data.HUB_EVAL[name] for name in data.BENCHMARKS]
     assert [r.sources for r in reports] == [[f"hf://datasets/{s.repo} ({s.split})"] for s in requested]
     assert read_rows(tmp_path / "minerva.parquet")[0]["reward_model"]["ground_truth"] == "12"
+
+
+def test_an_empty_or_short_source_never_replaces_good_data(prepared, tmp_path, capsys):
+    """The new user's report: an empty math500.jsonl over a good 500-row file printed "0 500" and wrote 0 rows."""
+    out = tmp_path / "out"
+    out.mkdir()
+    good = (prepared[0] / "math500.parquet").read_bytes()
+    (out / "math500.parquet").write_bytes(good)
+    empty = write_jsonl(tmp_path / "math500.jsonl", [])
+    for argv in (["eval", "--src", str(empty)], ["eval", "--src", str(empty), "--partial"]):
+        with pytest.raises(SystemExit) as exit_info:
+            data.main([*argv, "--out", str(out)])
+        assert exit_info.value.code == 2
+        assert f"{empty}: no usable rows; {out / 'math500.parquet'} is left as it was" in capsys.readouterr().err
+    (tmp_path / "src").mkdir()
+    short = write_jsonl(tmp_path / "src" / "math500.jsonl", [{"problem": f"P{i}", "answer": str(i)} for i in range(3)])
+    with pytest.raises(SystemExit):
+        data.main(["eval", "--src", str(short), "--out", str(out)])
+    err = capsys.readouterr().err
+    assert "math500: 3 rows from" in err and "but the benchmark has 500; pass --partial" in err
+    assert (out / "math500.parquet").read_bytes() == good
+    with pytest.raises(SystemExit):
+        data.main(["train", "--local", str(empty), "--out", str(out)])
+    assert "no usable rows" in capsys.readouterr().err and not (out / data.TRAIN_FILENAME).exists()
+    data.main(["eval", "--src", str(short), "--out", str(out), "--partial"])  # explicitly asked for: written
+    assert len(read_rows(out / "math500.parquet")) == 3
+
+
+def test_train_never_replaces_a_larger_file_without_partial(tmp_path):
+    prepare_train(FIXTURES / "dapo_processed_sample.jsonl", tmp_path)
+    fewer = write_jsonl(tmp_path / "one.jsonl", [{"problem": "What is 1+1?", "answer": "2"}])
+    with pytest.raises(data.SourceError, match=r"holds 3 rows and would be replaced by 1; pass --partial"):
+        prepare_train(fewer, tmp_path)
+    assert len(read_rows(tmp_path / data.TRAIN_FILENAME)) == 3
+
+
+def test_a_damaged_file_among_the_sources_is_named(prepared, tmp_path, capsys):
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in EXPECTED_ROWS:
+        (src / f"{name}.parquet").write_bytes((prepared[0] / f"{name}.parquet").read_bytes())
+    damaged = src / "minerva.parquet"
+    damaged.write_bytes(damaged.read_bytes()[: damaged.stat().st_size // 2])  # truncated
+    with pytest.raises(SystemExit) as exit_info:
+        data.main(["eval", "--src", str(src), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.startswith(f"error: {damaged}: not a readable parquet file (")
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()  # nothing written
+
+
+def test_offline_hub_failures_say_what_to_pass(tmp_path, monkeypatch, capsys):
+    """No hub access here: the download is replaced by one that fails as an offline machine's does."""
+
+    def offline(*args, **kwargs):
+        raise ConnectionError("Max retries exceeded with url: /api/datasets/math-ai/aime24")
+
+    monkeypatch.setattr(data, "_hub_records", offline)
+    with pytest.raises(SystemExit):
+        data.main(["eval", "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert "could not download math-ai/aime24 from the Hugging Face hub (ConnectionError" in err
+    assert "pass a local copy with --src PATH" in err and "Traceback" not in err
+    import huggingface_hub
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", offline)
+    with pytest.raises(SystemExit):
+        data.main(["train", "--out", str(tmp_path)])
+    assert "pass a local copy with --local PATH" in capsys.readouterr().err
+
+
+def test_outputs_follow_the_umask(tmp_path):
+    old = os.umask(0o022)
+    try:
+        prepare_train(FIXTURES / "dapo_processed_sample.jsonl", tmp_path)
+    finally:
+        os.umask(old)
+    assert (tmp_path / data.TRAIN_FILENAME).stat().st_mode & 0o777 == 0o644

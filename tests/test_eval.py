@@ -2,7 +2,7 @@
 
 vLLM is not installed here. The CLI tests put a stand-in ``vllm`` module in ``sys.modules``: ``LLM`` and
 ``SamplingParams`` record their arguments and ``LLM.generate`` returns canned responses. Only the vLLM generation call
-is replaced; everything else (parquet reading, chat template, tokenization, grading with stapo.reward in worker
+is replaced; everything else (parquet reading, chat template, tokenization, grading with stapo.tools.reward in worker
 processes, appends, resume, summaries) is the real code.
 """
 
@@ -16,9 +16,9 @@ from types import SimpleNamespace
 import pyarrow.parquet as pq
 import pytest
 
-from stapo import eval as ev
-from stapo.data import Report, build_rows, write_parquet
-from stapo.tiny import build_model, build_tokenizer
+from stapo.quickstart.tiny import build_model, build_tokenizer
+from stapo.tools import evaluate as ev
+from stapo.tools.data import Report, build_rows, write_parquet
 
 # problem -> (ground truth, [(response, finish_reason, tokens)]); correctness is in the comment after each problem
 PROBLEMS = {
@@ -272,7 +272,7 @@ def bad_run(assets, tmp_path, monkeypatch, capsys, *args, data=None):
 
 def test_bad_input_stops_early_with_the_fix(assets, tmp_path, monkeypatch, capsys):
     err = bad_run(assets, tmp_path, monkeypatch, capsys, "--benchmarks", "aime25")
-    assert f"{assets.data / 'aime25.parquet'}: not found" in err and "python -m stapo.data eval" in err
+    assert f"{assets.data / 'aime25.parquet'}: not found" in err and "python -m stapo.tools.data eval" in err
 
     table = pq.read_table(assets.data / "aime24.parquet").drop_columns(["reward_model"])
     pq.write_table(table, tmp_path / "aime24.parquet")

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from stapo import inspect as ins
+from stapo.quickstart.tiny import build_model, build_tokenizer
 from stapo.s2t import s2t_mask
-from stapo.tiny import build_model, build_tokenizer
+from stapo.tools import inspect_tokens as ins
 
 DUMP = Path(__file__).parent / "fixtures" / "eval_rollout_dump.jsonl"
 
@@ -44,7 +44,7 @@ EVAL_PROBLEMS = [  # problem, [(response, score)]
 
 
 def eval_samples(tokenizer, path):
-    """EVAL_PROBLEMS as the sample records of ``python -m stapo.eval``."""
+    """EVAL_PROBLEMS as the sample records of ``python -m stapo.tools.evaluate``."""
     lines = []
     for problem_id, (problem, answers) in enumerate(EVAL_PROBLEMS):
         chat = [{"role": "user", "content": problem}]

@@ -24,8 +24,8 @@ from verl.utils.metric import AggregationType, Metric
 from verl.workers.utils.losses import ppo_loss
 
 from stapo.config import CONFIG_DIR, StapoConfig
-from stapo.loss import stapo_loss
 from stapo.s2t import s2t_mask
+from stapo.train.loss import stapo_loss
 
 PROMPT_LENS = [3, 2, 4, 2, 3, 5]
 RESP_LENS = [5, 3, 6, 4, 2, 6]

@@ -4,6 +4,7 @@ The silenced tokens are checked against an independent computation: a plain full
 advantages by hand, then stapo.s2t.s2t_mask on the padded batch.
 """
 
+import math
 import os
 import re
 import subprocess
@@ -16,13 +17,13 @@ import torch
 from hydra import compose, initialize_config_dir
 from verl.utils.tracking import FileLogger
 
-from stapo import quickstart as qs
-from stapo import task
 from stapo.config import CONFIG_DIR
-from stapo.data import SCHEMA, make_prompt
-from stapo.report import read_metrics
-from stapo.reward import compute_score
-from stapo.train import validate
+from stapo.quickstart import run as qs
+from stapo.quickstart import task
+from stapo.tools.data import SCHEMA, make_prompt
+from stapo.tools.report import read_metrics
+from stapo.tools.reward import compute_score
+from stapo.train.main import validate
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "quickstart.sh"
 TINY = ["--train", "32", "--val", "4", "--hidden-size", "64", "--layers", "1", "--warmup-steps", "3"]
@@ -109,8 +110,19 @@ def test_mask_demo_prints_exactly_the_silenced_tokens(tiny, capsys):
     keep, stats = s2t_mask(log_probs, entropy, advantages, mask, tau_p=0.02, q=0.75)
     expected = {(f"problem {r // 4} sample {r % 4}", p) for r, p in ((mask > 0) & (keep == 0)).nonzero().tolist()}
     found = set(re.findall(r"^\[\d+\] (problem \d+ sample \d+)  response token (\d+)", printed, re.M))
-    assert stats["masked"] > 0 and {(name, int(p)) for name, p in found} == expected
-    assert f"{stats['candidates']} candidates" in printed and f"{stats['masked']} silenced" in printed
+    found = {(name, int(p)) for name, p in found}
+    # The two computations differ in float rounding (chunked vs whole-sequence projection, two entropy formulas):
+    # a token may fall on either side of a threshold only if it sits on it.
+    tau_h = stats["entropy_threshold"]
+    for name, position in found ^ expected:
+        problem, sample = map(int, re.findall(r"\d+", name))
+        row = 4 * problem + sample
+        near_h = abs(float(entropy[row, position]) - tau_h) < 1e-4
+        near_p = abs(float(log_probs[row, position]) - math.log(0.02)) < 1e-4
+        assert near_h or near_p, (name, position, "differs from the reference away from the thresholds")
+    assert stats["masked"] > 0 and len(found ^ expected) <= 2 < len(expected)
+    candidates, silenced = map(int, re.search(r"(\d+) candidates .*?, (\d+) silenced", printed).groups())
+    assert silenced == len(found) and abs(candidates - stats["candidates"]) <= len(found ^ expected)
 
 
 @pytest.mark.parametrize("method", ["justrl", "stapo"])
@@ -119,11 +131,11 @@ def test_gpu_overrides_compose_and_validate(method, tmp_path):
     overrides = qs.train_overrides(method, tmp_path / "warmup", paths, 8, tmp_path / method, 0.02)
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
         cfg = compose(config_name=method, overrides=overrides)
-    stapo = validate(cfg)
+    stapo = validate(cfg, environment=False)
     assert cfg.data.val_files == str(paths["validation"]) and cfg.trainer.total_training_steps == 8
     assert (cfg.data.train_batch_size, cfg.actor_rollout_ref.rollout.n) == (qs.PROMPTS, qs.ROLLOUTS)
     assert cfg.actor_rollout_ref.actor.ppo_mini_batch_size * 4 == qs.PROMPTS
-    assert cfg.reward.custom_reward_function.path == "pkg://stapo.reward"
+    assert cfg.reward.custom_reward_function.path == "pkg://stapo.tools.reward"
     assert "hf_model" in cfg.actor_rollout_ref.actor.checkpoint.save_contents and cfg.trainer.save_freq == 8
     assert stapo.mask == ("s2t" if method == "stapo" else "none") and (method == "justrl" or stapo.tau_p == 0.02)
 

@@ -4,8 +4,17 @@ import threading
 import time
 
 import pytest
+from math_verify import parse, verify
 
-from stapo.reward import compute_score, extract_answer, extract_boxed, grade_many, normalize_answer
+from stapo.tools.reward import (
+    compute_score,
+    dapo_score,
+    extract_answer,
+    extract_boxed,
+    grade_many,
+    normalize_answer,
+    parse_answer,
+)
 
 HANGS = "\\boxed{9^{9^{9^{9}}}}"  # sympy tries to evaluate 9^(9^(9^9)) when comparing: never finishes
 BOUND_SLACK_S = 1.5  # process kill and scheduling on a loaded 2-core machine
@@ -36,7 +45,7 @@ def test_extract_boxed(text, expected):
     "text, expected",
     [
         ("work\n\\boxed{3}\nAnswer: 4", "3"),  # a box wins over an Answer: line
-        ("work\nAnswer: 12\nmore\nAnswer: $\\frac{1}{2}$", "\\frac{1}{2}"),
+        ("work\nAnswer: 12\nmore\nAnswer: $\\frac{1}{2}$", "$\\frac{1}{2}$"),
         ("**Answer:** 42.", "42"),
         ("truncated \\boxed{12", ""),
         ("", ""),
@@ -49,18 +58,68 @@ def test_extract_answer(text, expected):
 @pytest.mark.parametrize(
     "raw, expected",
     [
-        ("27.0", "27"),
-        ("\\boxed{204}", "204"),
-        ("$69$,$84$", "69,84"),
         ("4.5e33", "4.5 \\times 10^{33}"),
-        ("62.5%", "62.5\\%"),
         ("-1./3", "-1/3"),
         ("np.arcsin(10/13)", "\\arcsin(10/13)"),
         (" 5. ", "5"),
+        ("27.0", "27.0"),  # math-verify reads these itself
+        ("$69$,$84$", "$69$,$84$"),
+        ("\\boxed{204}", "\\boxed{204}"),
     ],
 )
 def test_normalize_answer(raw, expected):
     assert normalize_answer(raw) == expected
+
+
+def boxed_equal(gold, pred):
+    return verify(parse(f"\\boxed{{{gold}}}", parsing_timeout=None), parse(f"\\boxed{{{pred}}}", parsing_timeout=None),
+                  timeout_seconds=None)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "gold, pred",
+    [
+        ("4.5e33", "4.5 \\times 10^{33}"),  # read as 4.5 * e * 33
+        ("-1./3", "-\\frac{1}{3}"),
+        ("np.arcsin(10/13)", "\\arcsin(10/13)"),
+        ("5", "5."),  # a full stop after a boxed answer
+        ("50", "50\\%"),  # \% in a box is read as text
+        ("n^{2}-n-1", "m_{\\max }=n^{2}-n-1"),  # a command as a subscript label is not parsed
+    ],
+)
+def test_each_rewrite_is_one_math_verify_misses(gold, pred):
+    """Every rewrite kept in normalize_answer / parse_answer: math-verify alone gets the pair wrong, with them right."""
+    assert not boxed_equal(gold, pred)
+    assert score(f"so \\boxed{{{pred}}}", gold, fast_path=False)["score"] == 1.0
+
+
+def test_extraction_is_one_math_verify_does_differently():
+    """math-verify on a whole response collects every answer it finds and credits unmarked ones; the recipe takes
+    the last box (or Answer: line) only."""
+    assert verify(parse("\\boxed{4}"), parse("first \\boxed{3}, finally \\boxed{4}")) is False
+    assert score("first \\boxed{3}, finally \\boxed{4}", "4", fast_path=False)["score"] == 1.0
+    assert verify(parse("\\boxed{42}"), parse("the result is 42")) is True
+    assert score("the result is 42", "42", fast_path=False)["score"] == 0.0
+
+
+@pytest.mark.parametrize(
+    "response, gold, expected, pred",
+    [
+        ("work \\boxed{42}.", "42", 1.0, "42"),
+        ("work\nAnswer: 42", "42", 1.0, "42"),
+        ("\\boxed{3}\nAnswer: 4", "3", -1.0, "4"),  # DAPO's checker: an Answer: line beats a box
+        ("work \\boxed{\\frac{1}{2}}", "0.5", -1.0, "\\frac{1}{2}"),  # string match, no equivalence
+        ("no answer at all", "7", -1.0, "[INVALID]"),
+        ("", None, -1.0, "[INVALID]"),
+    ],
+)
+def test_dapo_score_is_verls_math_dapo_checker(response, gold, expected, pred):
+    result = dapo_score("dapo_math_boxed", response, gold)
+    assert result == {"score": expected, "acc": expected == 1.0, "pred": pred}
+
+
+def test_parse_answer_drops_percent_and_subscript_commands():
+    assert boxed_equal("50", "50") and parse_answer("50\\%") == parse_answer("50")
 
 
 # (response, ground truth, expected score); every case is checked with and without the fast path,
@@ -85,7 +144,7 @@ CASES = [
     ("Answer: 41", "42", 0.0),
     ("\\boxed{27}", "27.0", 1.0),
     ("\\boxed{3.0}", "3", 1.0),
-    ("\\boxed{204}", "\\boxed{204}", 1.0),
+    ("\\boxed{204}", "204", 1.0),
     ("\\boxed{\\sqrt{2}/2}", "\\frac{\\sqrt{2}}{2}", 1.0),
     ("\\boxed{4.5 \\times 10^{33}}", "4.5e33", 1.0),
     ("\\boxed{x^2+2x+1}", "(x+1)^2", 1.0),

@@ -1,11 +1,11 @@
-"""The pure mask functions against hand-computed cases (stapo/s2t.py)."""
+"""The reference functions of the method (stapo/s2t.py) against hand-computed cases and autograd."""
 
 import math
 
 import pytest
 import torch
 
-from stapo.s2t import entropy_quantile, mask_for_update, s2t_mask, top_entropy_mask
+from stapo.s2t import entropy_quantile, grad_norm_lower_bound, s2t_mask, top_entropy_mask
 
 
 def lp(probs):
@@ -129,90 +129,25 @@ def test_top_entropy_keeps_top_ratio():
         top_entropy_mask(ent, mask, ratio=0.0)
 
 
-def test_mask_for_update_uses_one_quantile_per_group():
-    # Row 0 entropies 0.1..0.5, row 1 entropies 1.1..1.5: per row the bottom three are masked,
-    # over the whole batch the 0.75-quantile is 1.275 and every token of row 0 goes.
-    ent = t([[0.1, 0.2, 0.3, 0.4, 0.5], [1.1, 1.2, 1.3, 1.4, 1.5]])
-    args = ("s2t", lp([[0.001] * 5] * 2), ent, t([[1.0] * 5] * 2), t([[1] * 5] * 2, torch.int64))
-    silenced, metrics = mask_for_update(*args, [torch.tensor([0]), torch.tensor([1])])
-    assert (~silenced).long().tolist() == [[0, 0, 0, 1, 1], [0, 0, 0, 1, 1]]
-    assert metrics["stapo/masked_tokens"] == 6 and metrics["stapo/masked_frac"] == pytest.approx(0.6)
-    assert metrics["stapo/candidate_frac"] == 1.0 and metrics["stapo/entropy_threshold"] == pytest.approx(0.9)
-    silenced, metrics = mask_for_update(*args, None)
-    assert (~silenced).long().tolist() == [[0, 0, 0, 0, 0], [0, 0, 1, 1, 1]]
-    assert metrics["stapo/low_entropy_frac"] == pytest.approx(0.7)
-    assert set(metrics) >= {
-        "stapo/masked_frac",
-        "stapo/candidate_frac",
-        "stapo/masked_tokens",
-        "stapo/entropy_threshold",
-        "stapo/pos_adv_frac",
-        "stapo/low_prob_frac",
-        "stapo/low_entropy_frac",
-        "stapo/kept_frac",
-    }
-    _, metrics = mask_for_update("top_entropy", *args[1:], None)
-    assert metrics["stapo/kept_frac"] == pytest.approx(0.2)
-    with pytest.raises(ValueError, match="unknown mask method"):
-        mask_for_update("random", *args[1:], None)
-
-
-def random_batch(seed, rows=12, width=9):
-    gen = torch.Generator().manual_seed(seed)
-    lens = torch.randint(1, width + 1, (rows,), generator=gen)
-    mask = (torch.arange(width)[None, :] < lens[:, None]).long()
-    mask[0, 0] = 0  # an interior zero, as multi-turn masks have
-    log_probs = torch.log(torch.rand(rows, width, generator=gen) * 0.004)  # about half below 0.002
-    entropy = torch.rand(rows, width, generator=gen)
-    advantages = torch.randn(rows, 1, generator=gen).expand(rows, width) * mask
-    return log_probs, entropy, advantages, mask, lens.tolist()
-
-
-@pytest.mark.parametrize("seed", range(5))
-@pytest.mark.parametrize("method", ["s2t", "top_entropy"])
-def test_batch_path_equals_the_single_mask_on_each_group(seed, method):
-    """mask_for_update (whole batch at once, padded or nested) == s2t_mask / top_entropy_mask per group."""
-    log_probs, entropy, advantages, mask, lens = random_batch(seed)
-    groups = [torch.tensor([0, 5, 7, 2]), torch.tensor([1, 3, 4, 6]), torch.tensor([8, 9, 10, 11])]
-    silenced, metrics = mask_for_update(method, log_probs, entropy, advantages, mask, groups, tau_p=0.002, q=0.6)
-    expected, masked, thresholds = mask.clone(), 0, []
-    for rows in groups:
-        if method == "s2t":
-            keep, stats = s2t_mask(log_probs[rows], entropy[rows], advantages[rows], mask[rows], 0.002, 0.6)
-        else:
-            keep, stats = top_entropy_mask(entropy[rows], mask[rows], 0.2)
-        expected[rows] = keep
-        masked += stats["masked"]
-        thresholds.append(stats["entropy_threshold"])
-    assert torch.equal(mask * ~silenced, expected)
-    assert metrics["stapo/masked_tokens"] == masked > 0
-    finite = [x for x in thresholds if not math.isnan(x)]  # a group without candidates has no threshold
-    assert metrics["stapo/entropy_threshold"] == pytest.approx(sum(finite) / len(finite))
-
-    as_nested = [
-        torch.nested.as_nested_tensor([x[i, :n] for i, n in enumerate(lens)], layout=torch.jagged)
-        for x in (log_probs, entropy, advantages, mask)
-    ]
-    flat_silenced, flat_metrics = mask_for_update(method, *as_nested, groups, tau_p=0.002, q=0.6)
-    assert torch.equal(flat_silenced, torch.cat([silenced[i, :n] for i, n in enumerate(lens)]))
-    assert flat_metrics == pytest.approx(metrics, nan_ok=True)
-
-
-@pytest.mark.parametrize("nested", [False, True])
-def test_mask_for_update_takes_bfloat16_inputs(nested):
-    """verl can store old log-probs and entropies in bfloat16 (seen with the FSDP engine on CPU): same mask as
-    their float32 values."""
-    log_probs, entropy, advantages, mask, lens = random_batch(3)
-    low = [x.bfloat16() for x in (log_probs, entropy, advantages)]
-    wide = [x.float() for x in low]
-    if nested:
-
-        def jagged(x):
-            return torch.nested.as_nested_tensor([x[i, :n] for i, n in enumerate(lens)], layout=torch.jagged)
-
-        low, wide, mask = [jagged(x) for x in low], [jagged(x) for x in wide], jagged(mask)
-    groups = [torch.arange(6), torch.arange(6, 12)]
-    silenced, metrics = mask_for_update("s2t", *low, mask, groups, tau_p=0.002, q=0.6)
-    expected, expected_metrics = mask_for_update("s2t", *wide, mask, groups, tau_p=0.002, q=0.6)
-    assert torch.equal(silenced, expected) and metrics == pytest.approx(expected_metrics, nan_ok=True)
-    assert metrics["stapo/masked_tokens"] > 0
+@pytest.mark.parametrize("vocab", [2, 17, 1000])
+def test_grad_norm_bound_against_autograd(vocab):
+    """The paper's Theorem "Policy Gradient Norm Bounds": ‖∇_a (w · log π(y))‖² = w²(1 − 2π + Σπ²) ≥ w²(1 − 2π + e^{−H}),
+    checked with autograd on random logits (peaked and flat), sampled tokens and advantages."""
+    gen = torch.Generator().manual_seed(vocab)
+    for scale in (0.1, 1.0, 8.0):
+        logits = (scale * torch.randn(64, vocab, generator=gen, dtype=torch.float64)).requires_grad_()
+        tokens = torch.randint(vocab, (64,), generator=gen)
+        w = torch.randn(64, generator=gen, dtype=torch.float64)
+        log_pi = torch.log_softmax(logits, -1)
+        (grad,) = torch.autograd.grad((w * log_pi[torch.arange(64), tokens]).sum(), logits)
+        exact = grad.square().sum(-1)  # each row's objective depends on its own logits only
+        pi = log_pi.exp()
+        entropy = -(pi * log_pi).sum(-1)
+        chosen = log_pi[torch.arange(64), tokens]
+        assert torch.allclose(exact, w**2 * (1 - 2 * chosen.exp() + pi.square().sum(-1)))  # the decomposition
+        bound = grad_norm_lower_bound(chosen.detach(), entropy.detach(), w)
+        assert bound.dtype == torch.float32 and bound.shape == (64,)
+        assert torch.all(bound.double() <= exact * (1 + 1e-5) + 1e-6)
+    # equality for a flat distribution, where Σπ² = e^{-H} = 1/V
+    bound = grad_norm_lower_bound(torch.tensor([-math.log(vocab)]), torch.tensor([math.log(vocab)]), torch.tensor([2.0]))
+    assert bound.item() == pytest.approx(4 * (1 - 2 / vocab + 1 / vocab), rel=1e-5)

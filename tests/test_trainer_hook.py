@@ -19,10 +19,11 @@ from tensordict import TensorDict
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils import tensordict_utils as tu
 
-from stapo.config import CONFIG_DIR, validate_training_config
-from stapo.loss import stapo_loss
+from stapo.config import CONFIG_DIR
 from stapo.s2t import s2t_mask
-from stapo.trainer import STAPOTrainer, minibatch_rows
+from stapo.train.loss import stapo_loss
+from stapo.train.preflight import validate_training_config
+from stapo.train.trainer import STAPOTrainer, minibatch_rows
 
 N_ROWS, DP = 16, 2
 MINI_PROMPTS, ROLLOUT_N = 2, 2  # PPO mini-batch of 4 responses: 4 mini-batches, 2 rows per rank each
@@ -30,7 +31,7 @@ MINI_PROMPTS, ROLLOUT_N = 2, 2  # PPO mini-batch of 4 responses: 4 mini-batches,
 
 @pytest.fixture(scope="module")
 def transfer_queue():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)  # never a running cluster
     tq.init(OmegaConf.create({"backend": {"SimpleStorage": {"num_data_storage_units": 1, "total_storage_size": 1000}}}))
     yield
     tq.close()
@@ -218,3 +219,101 @@ def test_setup_installs_the_stapo_loss_and_fails_fast(monkeypatch):
     wg.set_loss_fn = broken
     with pytest.raises(RuntimeError, match="pip install"):
         trainer._setup()
+
+
+def reference_s2t_metrics(before, groups):
+    """s2t/* of a step from the reference functions: S2T per mini-batch and the gradient-norm bound per token."""
+    from stapo.s2t import grad_norm_lower_bound
+
+    padded = {k: pad_to(before[k]) for k in ("old_log_probs", "entropy", "advantages", "response_mask")}
+    valid = padded["response_mask"] != 0
+    spurious = torch.zeros_like(valid)
+    for rows in groups:
+        keep, _ = s2t_mask(*(padded[k][rows] for k in ("old_log_probs", "entropy", "advantages", "response_mask")))
+        spurious[rows] = valid[rows] & (keep == 0)
+    candidates = valid & (padded["advantages"] > 0) & (padded["old_log_probs"] < torch.log(torch.tensor(0.002)))
+    bound = grad_norm_lower_bound(padded["old_log_probs"], padded["entropy"], padded["advantages"]).double()
+    tokens = int(valid.sum())
+    return {
+        "s2t/candidate_frac": int(candidates.sum()) / tokens,
+        "s2t/spurious_frac": int(spurious.sum()) / tokens,
+        "s2t/grad_bound/spurious_mean": float(bound[spurious].mean()),
+        "s2t/grad_bound/candidate_mean": float(bound[candidates].mean()),
+        "s2t/grad_bound/other_mean": float(bound[valid & ~candidates].mean()),
+        "s2t/grad_bound/spurious_share": float(bound[spurious].sum() / bound[valid].sum()),
+    }
+
+
+@pytest.mark.parametrize("method", ["justrl", "stapo", "entropy20"])
+def test_s2t_metrics_are_logged_for_every_method(transfer_queue, method):
+    """The paper's gradient analysis, every step: the same s2t/* values whether S2T is applied (STAPO) or only
+    observed (JustRL, 20-Entropy), computed from the reference functions here."""
+    config = compose(*([] if method == "stapo" else [f"stapo.mask={'none' if method == 'justrl' else 'top_entropy'}"]))
+    wg = StandInActorWorkerGroup()
+    batch = put_batch(seed=3)
+    before = tq.kv_batch_get(keys=batch.keys, partition_id="train").to_padded_tensor()
+    metrics = {}
+    trainer = make_trainer(config, wg)
+    trainer._update_actor(batch, metrics)
+    expected = reference_s2t_metrics(before, trainer._mask_groups(N_ROWS))
+    assert {k: v for k, v in metrics.items() if k.startswith("s2t/")} == pytest.approx(expected, rel=1e-5)
+    assert expected["s2t/spurious_frac"] > 0 and expected["s2t/grad_bound/spurious_mean"] > 0
+    assert metrics["timing_s/stapo_mask"] > 0
+    if method == "justrl":  # observed only: the workers trained on the rollout's own mask
+        original = pad_to(before["response_mask"])
+        assert all(torch.equal(pad_to(p["response_mask"]), original[p["row"]]) for parts in wg.seen for p in parts)
+        assert not any(k.startswith("stapo/") for k in metrics)
+    else:
+        assert metrics["stapo/masked_tokens"] > 0
+
+
+@pytest.mark.parametrize("norm", ["selected", "all"])
+def test_top_entropy_denominator_follows_the_knob(transfer_queue, norm):
+    """20-Entropy: ``selected`` folds the mask into loss_mask (the engine's denominator counts the kept tokens),
+    ``all`` leaves loss_mask whole (every response token counts), response_mask silences in both."""
+    config = compose("stapo.mask=top_entropy", f"stapo.top_entropy_norm={norm}")
+    wg = StandInActorWorkerGroup()
+    batch = put_batch(seed=4)
+    before = tq.kv_batch_get(keys=batch.keys, partition_id="train").to_padded_tensor()
+    metrics = {}
+    make_trainer(config, wg)._update_actor(batch, metrics)
+    for parts in wg.seen:
+        rows = torch.cat([p["row"] for p in parts])
+        kept = sum(int(p["response_mask"].sum()) for p in parts)
+        denominator = sum(int(p["loss_mask"].sum()) for p in parts)
+        assert kept < int(pad_to(before["response_mask"])[rows].sum())
+        assert denominator == (kept if norm == "selected" else int(pad_to(before["loss_mask"])[rows].sum()))
+    after = tq.kv_batch_get(keys=batch.keys, partition_id="train").to_padded_tensor()
+    assert torch.equal(after["response_mask"], before["response_mask"]) and metrics["stapo/kept_frac"] < 1
+
+
+def test_the_trainer_is_verls_sync_trainer():
+    """verl 0.9.1 runs any trainer mode not named "sync" on its asynchronous paths (replay buffer, one-prompt
+    dataloader fetches); the recipe's mode must not."""
+    from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer, ReplayBufferAsync
+
+    trainer = STAPOTrainer(compose())  # builds no workers: those come with _setup
+    assert trainer.trainer_mode == "sync" and type(trainer.replay_buffer) is ReplayBuffer
+    assert not isinstance(trainer.replay_buffer, ReplayBufferAsync) and trainer.parameter_sync_step == 1
+
+
+def test_resume_position_check_on_a_real_dataloader():
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    from stapo.train.trainer import resume_position_problem
+
+    loader = StatefulDataLoader(
+        list(range(20)), batch_size=4, drop_last=True, shuffle=True, generator=torch.Generator().manual_seed(0)
+    )
+    steps_per_epoch = len(loader)
+    it = iter(loader)
+    for step in range(1, 13):  # two epochs and a bit, as verl's persistent iterator does
+        try:
+            next(it)
+        except StopIteration:
+            it = iter(loader)
+            next(it)
+        state = loader.state_dict()
+        assert resume_position_problem(state, step, steps_per_epoch, 4) is None, step
+    assert "it should be 12" in resume_position_problem(state, 13, steps_per_epoch, 4)  # one step off
+    assert "without the checkpoint's data.pt" in resume_position_problem(None, 12, steps_per_epoch, 4)

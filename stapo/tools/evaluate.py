@@ -1,6 +1,6 @@
-"""Evaluation harness: sample the six benchmarks with vLLM, grade with :mod:`stapo.reward`, summarise.
+"""Evaluation harness: sample the six benchmarks with vLLM, grade with :mod:`stapo.tools.reward`, summarise.
 
-    python -m stapo.eval --model DIR [DIR ...] [--data DIR] [--out DIR] [--benchmarks B ...] [--n N | B=N ...]
+    python -m stapo.tools.evaluate --model DIR [DIR ...] [--data DIR] [--out DIR] [--benchmarks B ...] [--n N | B=N ...]
                          [--preset train|justrl] [--max-tokens 20480] [--tp 1] [--shard I/N] [--enforce-eager] ...
 
 The paper (arXiv 2602.15620, "Experiments") reports avg@32 on AIME24, AIME25 and AMC23 and avg@4 on MATH500,
@@ -22,7 +22,6 @@ import hashlib
 import importlib
 import json
 import math
-import os
 import re
 import statistics
 import time
@@ -31,13 +30,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NamedTuple
 
-from stapo.data import BENCHMARKS, DEFAULT_OUT, write_atomic
-from stapo.reward import grade_many
-
-METHODS = ("grpo", "entropy20", "justrl", "stapo")
-"""Run labels, in the paper's table order (``recipe.method`` of the configs)."""
-SIZES = ("qwen3_1.7b", "qwen3_8b", "qwen3_14b")
-"""Model-size labels (``recipe.size`` of the configs)."""
+from stapo.config import methods, sizes
+from stapo.tools.data import BENCHMARKS, DEFAULT_OUT
+from stapo.tools.io import DataFileError, append_atomic, read_parquet, write_atomic
+from stapo.tools.reward import grade_many
 
 
 class Decoding(NamedTuple):
@@ -55,7 +51,7 @@ DEFAULT_MAX_TOKENS = 20480
 DEFAULT_RESULTS = Path("outputs/eval")
 RUN_FILE, SUMMARY_FILE = "run.json", "summary.json"
 _SAMPLE_SETTINGS = ("model", "preset", "temperature", "top_p", "max_tokens", "seed")
-_EXPERIMENT = re.compile(rf"({'|'.join(METHODS)})_({'|'.join(map(re.escape, SIZES))})(?![\w.])")
+_EXPERIMENT = re.compile(rf"({'|'.join(methods())})_({'|'.join(map(re.escape, sizes()))})(?![\w.])")
 
 
 class EvalError(ValueError):
@@ -86,37 +82,20 @@ class Problem:
     prompt_ids: tuple = ()
 
 
-def append_atomic(path: Path, lines: Sequence[str]) -> None:
-    """Append ``lines`` with one ``O_APPEND`` write, then fsync; a cut-off write is repaired by :func:`load_samples`."""
-    data = "".join(lines).encode()
-    descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(descriptor, view) :]
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
-
-
 # ---------------------------------------------------------------------------------------------------------- inputs
 def read_benchmark(data_dir: Path, benchmark: str) -> list[Problem]:
     """The problems of ``data_dir/<benchmark>.parquet`` (verl schema), checked row by row."""
-    import pyarrow.parquet as pq
-
     path = Path(data_dir) / f"{benchmark}.parquet"
     if not path.is_file():
         other = "" if benchmark in BENCHMARKS else f" (the paper's benchmarks are {', '.join(BENCHMARKS)})"
         raise EvalError(
-            f"{path}: not found; write it with `python -m stapo.data eval --out {data_dir}` "
+            f"{path}: not found; write it with `python -m stapo.tools.data eval --out {data_dir}` "
             f"or leave {benchmark} out of --benchmarks{other}"
         )
-    columns = ("prompt", "reward_model", "extra_info")
-    missing = [c for c in columns if c not in pq.read_schema(path).names]
-    if missing:
-        raise EvalError(f"{path}: missing column(s) {', '.join(missing)}; re-write it with `python -m stapo.data eval`")
+    expected = "a verl parquet written by `python -m stapo.tools.data eval`"
+    rows = read_parquet(path, expected, columns=("prompt", "reward_model", "extra_info"))
     problems, seen = [], set()
-    for number, row in enumerate(pq.read_table(path, columns=list(columns)).to_pylist()):
+    for number, row in enumerate(rows):
         where = f"{path}: row {number}: field"
         messages = row["prompt"]
         if not messages or not all(isinstance(m, dict) and m.get("role") and m.get("content") for m in messages):
@@ -341,7 +320,7 @@ def grade(
     grade_workers: int | None = None,
     verifier: Verifier | None = None,
 ) -> list[dict]:
-    """Sample records of ``problems`` (in order), scored by :func:`stapo.reward.grade_many` and the verifier."""
+    """Sample records of ``problems`` (in order), scored by :func:`stapo.tools.reward.grade_many` and the verifier."""
     records = [
         {
             "benchmark": problem.benchmark,
@@ -545,7 +524,7 @@ def plan_runs(args: argparse.Namespace) -> list[Run]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m stapo.eval", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m stapo.tools.evaluate", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", nargs="+", required=True, help="Hugging Face model folder(s)")
     parser.add_argument("--data", type=Path, default=DEFAULT_OUT, help=f"prepared parquet folder ({DEFAULT_OUT})")
     parser.add_argument("--out", type=Path, default=DEFAULT_RESULTS, help=f"results folder ({DEFAULT_RESULTS})")
@@ -558,8 +537,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, help="max new tokens per sample")
     parser.add_argument("--seed", type=int, default=0, help="vLLM engine seed")
     parser.add_argument("--label", nargs="+", help="run name per model (default: from the path)")
-    parser.add_argument("--method", nargs="+", choices=METHODS, help="method label per model (default: from path)")
-    parser.add_argument("--size", nargs="+", choices=SIZES, help="size label per model (default: from the path)")
+    parser.add_argument("--method", nargs="+", choices=methods(), help="method label per model (default: from path)")
+    parser.add_argument("--size", nargs="+", choices=sizes(), help="size label per model (default: from the path)")
     parser.add_argument("--tp", type=int, default=1, help="vLLM tensor_parallel_size")
     parser.add_argument("--shard", default="0/1", help="I/N: do problems I, I+N, ... (one process per GPU group)")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
@@ -573,7 +552,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Command-line entry point (``python -m stapo.eval``)."""
+    """Command-line entry point (``python -m stapo.tools.evaluate``)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -602,7 +581,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 print(f"{run.dir}: shard {args.shard} done; the summary is written when every shard has finished")
             else:
                 print(format_summary(summary) + f"\n-> {run.dir / SUMMARY_FILE}")
-    except EvalError as error:
+    except (EvalError, DataFileError) as error:
         parser.exit(2, f"error: {error}\n")
 
 

@@ -1,12 +1,16 @@
 """Training and evaluation data as verl parquet, with the paper's prompt template.
 
-    python -m stapo.data train [--local PATH] [--out DIR] [--skip-invalid]
-    python -m stapo.data eval [--src PATH ...] [--name NAME] [--out DIR] [--skip-invalid]
+    python -m stapo.tools.data train [--local PATH] [--out DIR] [--skip-invalid] [--partial]
+    python -m stapo.tools.data eval [--src PATH ...] [--name NAME] [--out DIR] [--skip-invalid] [--partial]
 
 ``train`` turns DAPO-Math-17k (hub copy by default) into ``DIR/dapo_math_17k.parquet``: deduplicated by
 problem, DAPO's "Answer:" template replaced by :data:`INSTRUCTION`. ``eval`` turns the six benchmarks,
 in any of their public shapes, into ``DIR/<benchmark>.parquet``. ``DIR`` defaults to ``$STAPO_DATA``,
 else ``~/data/stapo``. Both print what they wrote. docs/data.md explains the sources, counts and template.
+
+Nothing is written unless every output converts, and an output never replaces good data with less: an output with
+no rows, or (without ``--partial``) with fewer rows than the benchmark's known size or than the file it would
+replace, is an error.
 """
 
 from __future__ import annotations
@@ -16,7 +20,6 @@ import ast
 import json
 import os
 import re
-import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +28,8 @@ from typing import NamedTuple
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from stapo.reward import extract_boxed, normalize_answer
+from stapo.tools.io import DataFileError, parquet_columns, write_atomic
+from stapo.tools.reward import extract_boxed, normalize_answer
 
 INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 """Appended to every problem, for training and evaluation alike."""
@@ -39,6 +43,8 @@ def make_prompt(problem: str) -> list[dict]:
 TRAIN_DATA_SOURCE = "dapo_math_boxed"
 """``data_source`` of training rows; deliberately not ``math_dapo`` (see docs/data.md)."""
 TRAIN_FILENAME = "dapo_math_17k.parquet"
+REQUIRED_COLUMNS = ("data_source", "prompt", "reward_model")
+"""Columns that training (verl's dataset and reward) and evaluation read; :data:`SCHEMA` has all of them."""
 DEFAULT_OUT = Path(os.environ.get("STAPO_DATA", Path.home() / "data" / "stapo"))
 """Default output folder of both sub-commands: ``$STAPO_DATA``, else ``~/data/stapo`` (what configs/base.yaml reads)."""
 BENCHMARKS = ("aime24", "aime25", "amc23", "math500", "minerva", "olympiadbench")
@@ -90,6 +96,7 @@ _BOXED_SUFFIX = re.compile(
     r"\s*(?:Please reason step by step, and put your final answer within|"
     r"Let's think step by step and output the final answer within) \\boxed\{\}\.?\s*$"
 )
+_UNESCAPED_DOLLAR = re.compile(r"(?<!\\)\$")
 _PROBLEM_FIELDS = ("problem", "question", "Problem", "prompt")
 _ANSWER_FIELDS = ("answer", "final_answer", "Answer", "reward_model", "ground_truth", "solution")
 _ID_FIELDS = ("id", "unique_id", "idx", "ID")
@@ -117,6 +124,10 @@ SCHEMA = pa.schema(
 
 class InvalidRowError(ValueError):
     """A source row without a usable problem or answer; the message names file, row and field."""
+
+
+class SourceError(ValueError):
+    """A source or an output that cannot be used as a whole (empty, too short, unreachable); the message says why."""
 
 
 class _BadField(Exception):
@@ -176,7 +187,7 @@ def _answer(record: dict) -> str:
     if isinstance(value, list) and all(isinstance(v, (str, int, float)) for v in value):
         value = ", ".join(str(v) for v in value)
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        value = str(value)
+        value = str(int(value)) if float(value).is_integer() else str(value)  # AMC's 27.0 is the answer 27
     if not isinstance(value, str):
         raise _BadField(name, f"unparseable ground truth {value!r}")
     if name == "solution":  # worked solution (MATH, Minerva) or a bare answer (open-r1)
@@ -184,12 +195,21 @@ def _answer(record: dict) -> str:
         if boxed is None and "\n" in value.strip():
             raise _BadField(name, "no \\boxed{} answer in the solution")
         value = value if boxed is None else boxed
-    answer = normalize_answer(value)
+    answer = normalize_answer(_clean_gold(value))
     if not answer:
         raise _BadField(name, "empty ground truth")
     if answer.count("{") != answer.count("}"):
         raise _BadField(name, f"unbalanced braces in ground truth {answer!r}")
     return answer
+
+
+def _clean_gold(value: str) -> str:
+    """A ground truth reduced to the answer as the copies write it: a whole-string ``\\boxed{}`` unwrapped (verl
+    parquet copies store ``\\boxed{204}``) and ``$`` delimiters dropped (``$69$,$84$``)."""
+    value = value.strip()
+    if value.startswith(("\\boxed", "\\fbox")) and value.endswith("}"):
+        value = extract_boxed(value) or ""
+    return _UNESCAPED_DOLLAR.sub("", value).strip()
 
 
 def _original_id(record: dict) -> str | None:
@@ -206,19 +226,26 @@ def read_records(path: Path) -> Iterator[dict]:
     A JSONL line that does not parse is yielded as its ``JSONDecodeError`` so that it is reported as a bad row.
     """
     if path.suffix == ".jsonl":
-        with path.open(encoding="utf-8") as lines:
-            for line in lines:
-                if line.strip():
-                    try:
-                        yield json.loads(line)
-                    except json.JSONDecodeError as error:
-                        yield error  # reported as a bad row by build_rows
+        with path.open(encoding="utf-8", errors="strict") as lines:
+            try:
+                for line in lines:
+                    if line.strip():
+                        try:
+                            yield json.loads(line)
+                        except json.JSONDecodeError as error:
+                            yield error  # reported as a bad row by build_rows
+            except UnicodeDecodeError:
+                raise DataFileError(f"{path}: not a text file; expected JSON lines") from None
     elif path.suffix == ".json":
-        data = json.loads(path.read_text(encoding="utf-8"))
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise DataFileError(f"{path}: not a JSON file ({error}); expected a JSON list of objects") from None
         if not isinstance(data, list):
             raise InvalidRowError(f"{path}: expected a JSON list of objects, got {type(data).__name__}")
         yield from data
     elif path.suffix == ".parquet":
+        parquet_columns(path, "a parquet copy of the dataset")  # names the file if it is damaged
         for batch in pq.ParquetFile(path).iter_batches(batch_size=10_000):
             yield from batch.to_pylist()
     else:
@@ -268,19 +295,6 @@ def build_rows(
             )
     report.rows = len(rows)
     return rows
-
-
-def write_atomic(path: Path, data: str | bytes) -> None:
-    """Write a whole file through a temporary file in the same folder and ``os.replace``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(descriptor, "wb") as file:
-            file.write(data.encode() if isinstance(data, str) else data)
-        os.replace(temporary, path)
-    except BaseException:
-        os.unlink(temporary)
-        raise
 
 
 def write_parquet(rows: list[dict], path: Path) -> None:
@@ -345,13 +359,54 @@ def _hub_records(source: HubSource) -> list[dict]:
     return load_dataset(source.repo, split=source.split).to_list()
 
 
+def _from_hub(what: str, fetch, option: str):
+    """``fetch()``, with a download failure (offline, no access) turned into one line that says what to pass."""
+    try:
+        return fetch()
+    except Exception as error:  # noqa: BLE001 - requests, huggingface_hub and datasets raise many types
+        raise SourceError(
+            f"could not download {what} from the Hugging Face hub ({type(error).__name__}: "
+            f"{str(error).splitlines()[0] if str(error) else 'no detail'}); without hub access, pass a local copy "
+            f"with {option}"
+        ) from None
+
+
+def _check_rows(report: Report, known: Sequence[int], partial: bool) -> None:
+    """An output with no rows, or (unless ``partial``) with fewer rows than the benchmark's known size or than the
+    file it would replace, is an error: good data is never replaced by less."""
+    if report.rows == 0:
+        skipped = f" ({len(report.skipped)} invalid rows skipped)" if report.skipped else ""
+        raise SourceError(f"{', '.join(report.sources)}: no usable rows{skipped}; {report.path} is left as it was")
+    if partial:
+        return
+    if known and report.rows < min(known):
+        raise SourceError(
+            f"{report.name}: {report.rows} rows from {', '.join(report.sources)}, but the benchmark has "
+            f"{'/'.join(map(str, known))}; pass --partial to write a subset ({report.path} is left as it was)"
+        )
+    if report.path.exists():
+        try:
+            before = pq.ParquetFile(report.path).metadata.num_rows
+        except Exception:  # noqa: BLE001 - a damaged old file may be replaced
+            return
+        if before > report.rows:
+            raise SourceError(
+                f"{report.path} holds {before} rows and would be replaced by {report.rows}; pass --partial to "
+                "replace it anyway, or write to another --out"
+            )
+
+
 def prepare_eval(
-    srcs: Sequence[Path] | None, out_dir: Path, name: str | None = None, skip_invalid: bool = False
+    srcs: Sequence[Path] | None,
+    out_dir: Path,
+    name: str | None = None,
+    skip_invalid: bool = False,
+    partial: bool = False,
 ) -> tuple[list[Report], list[Path]]:
     """Write ``out_dir/<benchmark>.parquet`` from local files (or the pinned hub copies if ``srcs`` is empty).
 
-    Returns one report per benchmark and the files that were ignored. Nothing is written unless every
-    benchmark converts.
+    Returns one report per benchmark and the files that were ignored. Nothing is written unless every benchmark
+    converts and passes :func:`_check_rows`.
     """
     if name is not None and name not in BENCHMARKS:
         raise ValueError(f"unknown benchmark {name!r}; choose from {', '.join(BENCHMARKS)}")
@@ -362,34 +417,46 @@ def prepare_eval(
     else:
         wanted = [name] if name else list(BENCHMARKS)
         inputs = {
-            bench: [(f"hf://datasets/{HUB_EVAL[bench].repo} ({HUB_EVAL[bench].split})", _hub_records(HUB_EVAL[bench]))]
+            bench: [
+                (
+                    f"hf://datasets/{HUB_EVAL[bench].repo} ({HUB_EVAL[bench].split})",
+                    _from_hub(HUB_EVAL[bench].repo, lambda b=bench: _hub_records(HUB_EVAL[b]), "--src PATH"),
+                )
+            ]
             for bench in wanted
         }
     outputs = []
     for bench in sorted(inputs, key=BENCHMARKS.index):
         report = Report(bench, Path(out_dir) / f"{bench}.parquet", [label for label, _ in inputs[bench]])
-        outputs.append((report, build_rows(inputs[bench], bench, "test", skip_invalid, report)))
+        rows = build_rows(inputs[bench], bench, "test", skip_invalid, report)
+        _check_rows(report, KNOWN_SIZES[bench], partial)
+        outputs.append((report, rows))
     for report, rows in outputs:
         write_parquet(rows, report.path)
     return [report for report, _ in outputs], ignored
 
 
-def prepare_train(local: Path | None, out_dir: Path, skip_invalid: bool = False) -> Report:
+def prepare_train(local: Path | None, out_dir: Path, skip_invalid: bool = False, partial: bool = False) -> Report:
     """Write ``out_dir/dapo_math_17k.parquet`` from a local DAPO-Math-17k copy or the hub."""
     if local is None:
         from huggingface_hub import hf_hub_download
 
-        path = Path(hf_hub_download(HUB_TRAIN.repo, HUB_TRAIN.split, repo_type="dataset"))
+        path = _from_hub(
+            HUB_TRAIN.repo,
+            lambda: Path(hf_hub_download(HUB_TRAIN.repo, HUB_TRAIN.split, repo_type="dataset")),
+            "--local PATH",
+        )
         sources = [(f"hf://datasets/{HUB_TRAIN.repo}/{HUB_TRAIN.split}", read_records(path))]
     else:
         sources = [(str(f), read_records(f)) for f in _input_files(Path(local))]
     report = Report("train", Path(out_dir) / TRAIN_FILENAME, [label for label, _ in sources])
     rows = build_rows(sources, TRAIN_DATA_SOURCE, "train", skip_invalid, report)
+    _check_rows(report, (HUB_TRAIN.rows,) if local is None else (), partial)
     write_parquet(rows, report.path)
     return report
 
 
-def format_summary(reports: Sequence[Report], ignored: Sequence[Path] = ()) -> str:
+def format_report(reports: Sequence[Report], ignored: Sequence[Path] = ()) -> str:
     """A table of rows, duplicates dropped, skipped rows and sources, then the skipped rows themselves."""
     lines = [f"{'output':<40} {'rows':>6} {'known':>8} {'dups':>6} {'skipped':>7}  sources"]
     for report in reports:
@@ -404,8 +471,8 @@ def format_summary(reports: Sequence[Report], ignored: Sequence[Path] = ()) -> s
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Command-line entry point (``python -m stapo.data``)."""
-    parser = argparse.ArgumentParser(prog="python -m stapo.data", description=__doc__.split("\n\n")[0])
+    """Command-line entry point (``python -m stapo.tools.data``)."""
+    parser = argparse.ArgumentParser(prog="python -m stapo.tools.data", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     train = commands.add_parser("train", help="DAPO-Math-17k -> verl parquet")
     train.add_argument("--local", type=Path, help="local DAPO-Math-17k file or folder (default: download from the hub)")
@@ -418,15 +485,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     evaluation.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output folder (default: {DEFAULT_OUT})")
     for command in (train, evaluation):
         command.add_argument("--skip-invalid", action="store_true", help="skip and list bad rows instead of stopping")
+        command.add_argument(
+            "--partial", action="store_true",
+            help="allow fewer rows than the benchmark's known size or than the file replaced",
+        )  # fmt: skip
     args = parser.parse_args(argv)
     try:
         if args.command == "train":
-            reports, ignored = [prepare_train(args.local, args.out, args.skip_invalid)], []
+            reports, ignored = [prepare_train(args.local, args.out, args.skip_invalid, args.partial)], []
         else:
-            reports, ignored = prepare_eval(args.src, args.out, args.name, args.skip_invalid)
-    except (InvalidRowError, FileNotFoundError, ValueError) as error:
+            reports, ignored = prepare_eval(args.src, args.out, args.name, args.skip_invalid, args.partial)
+    except (InvalidRowError, FileNotFoundError, ValueError) as error:  # DataFileError, SourceError are ValueErrors
         parser.exit(2, f"error: {error}\n")
-    print(format_summary(reports, ignored))
+    print(format_report(reports, ignored))
 
 
 if __name__ == "__main__":

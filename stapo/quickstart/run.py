@@ -3,13 +3,13 @@
     python -m stapo.quickstart cpu --out DIR [options]
     python -m stapo.quickstart gpu --out DIR [options]
 
-Both build the synthetic task (:mod:`stapo.task`), a tiny Qwen3 and its tokenizer (:mod:`stapo.tiny`), and warm the
-model up with a short supervised pass (plain torch, loss on the worked answers only) so that it solves a fraction of
+Both build the synthetic task (:mod:`stapo.quickstart.task`), a tiny Qwen3 and its tokenizer
+(:mod:`stapo.quickstart.tiny`), and warm the model up with a short supervised pass (plain torch, loss on the worked answers only) so that it solves a fraction of
 the problems; accuracy is then measured by sampling at temperature 1.0 with transformers.
 
 ``gpu`` (one GPU) then trains JustRL and STAPO from the warmed-up model for the same small budget through the real
-trainer (``python -m stapo.train``: verl V1, vLLM, FSDP), evaluates the three models with ``python -m stapo.eval``,
-prints a before/after table and the S2T statistics of the STAPO run, and plots the curves (``python -m stapo.report
+trainer (``python -m stapo.train``: verl V1, vLLM, FSDP), evaluates the three models with ``python -m stapo.tools.evaluate``,
+prints a before/after table and the S2T statistics of the STAPO run, and plots the curves (``python -m stapo.tools.report
 plot``). ``cpu`` cannot run verl's trainer; instead it shows the S2T mask on the warmed-up model's own rollouts: a
 few samples per problem, graded, GRPO advantages per problem, per-token probabilities and entropies, and the tokens
 :func:`stapo.s2t.s2t_mask` silences. docs/quickstart.md walks through the output.
@@ -28,12 +28,13 @@ from pathlib import Path
 
 import torch
 
-from stapo import task
-from stapo.data import make_prompt, write_parquet
-from stapo.inspect import Rollout, format_token, grpo_advantages, silenced_tokens, token_stats
-from stapo.report import read_metrics
-from stapo.reward import compute_score
-from stapo.tiny import replace_overrides, tiny_run_overrides
+from stapo.config import StapoConfig, StapoConfigError
+from stapo.quickstart import task
+from stapo.quickstart.tiny import replace_overrides, tiny_run_overrides
+from stapo.tools.data import make_prompt, write_parquet
+from stapo.tools.inspect_tokens import Rollout, format_token, grpo_advantages, silenced_tokens, token_stats
+from stapo.tools.report import read_metrics
+from stapo.tools.reward import compute_score
 
 DEMO_TAU_P = 0.1
 """τ_p of the quickstart (mask demonstration and STAPO run). The paper's 0.002 suits Qwen3 (151k-token vocabulary)
@@ -42,7 +43,7 @@ samples its tokens from a 512-token vocabulary with high confidence, and a quick
 tokens: at 0.002, and often at 0.02, no token of a positive-advantage response is a candidate. At 0.1 a handful are,
 typically a wrong intermediate number in a response whose final answer is right: the paper's spurious tokens."""
 EVAL_NAME = "arith"
-"""Benchmark name of the task's validation split for ``python -m stapo.eval`` (``eval_data/arith.parquet``)."""
+"""Benchmark name of the task's validation split for ``python -m stapo.tools.evaluate`` (``eval_data/arith.parquet``)."""
 MAX_NEW_TOKENS = 48
 """Response budget: a worked solution is about 25 tokens of the tiny tokenizer."""
 PROMPTS, ROLLOUTS = 64, 8
@@ -55,7 +56,7 @@ def build(out: Path, seed: int, n_train: int, n_val: int, hidden_size: int, num_
 
     Returns the splits, the parquet paths by split and the model folder.
     """
-    from stapo.tiny import build_model, build_tokenizer
+    from stapo.quickstart.tiny import build_model, build_tokenizer
 
     splits = task.generate(seed, n_train, n_val)
     paths = task.write_task(splits, out / "data", seed)
@@ -65,15 +66,15 @@ def build(out: Path, seed: int, n_train: int, n_val: int, hidden_size: int, num_
     return splits, paths, out / "base"
 
 
-def render_prompt(tokenizer, problem: task.Problem) -> str:
-    """The prompt as verl renders it: the chat template over :func:`stapo.data.make_prompt`, generation prompt on."""
+def render_prompt(tokenizer, problem: task.ArithProblem) -> str:
+    """The prompt as verl renders it: the chat template over :func:`stapo.tools.data.make_prompt`, generation prompt on."""
     return tokenizer.apply_chat_template(make_prompt(problem.question), add_generation_prompt=True, tokenize=False)
 
 
 def warmup(
     model,
     tokenizer,
-    problems: Sequence[task.Problem],
+    problems: Sequence[task.ArithProblem],
     steps: int,
     batch_size: int = 32,
     lr: float = 3e-3,
@@ -112,7 +113,7 @@ def warmup(
 
 
 @torch.no_grad()
-def sample(model, tokenizer, problems: Sequence[task.Problem], n: int, seed: int = 0) -> list[list[str]]:
+def sample(model, tokenizer, problems: Sequence[task.ArithProblem], n: int, seed: int = 0) -> list[list[str]]:
     """``n`` responses per problem, sampled at temperature 1.0 without top-k/top-p (verl's training rollouts)."""
     torch.manual_seed(seed)
     texts = [render_prompt(tokenizer, p) for p in problems]
@@ -132,8 +133,8 @@ def sample(model, tokenizer, problems: Sequence[task.Problem], n: int, seed: int
     return [texts[i * n : (i + 1) * n] for i in range(len(problems))]
 
 
-def grade(problems: Sequence[task.Problem], responses: Sequence[Sequence[str]]) -> list[list[float]]:
-    """:func:`stapo.reward.compute_score` of every response."""
+def score_responses(problems: Sequence[task.ArithProblem], responses: Sequence[Sequence[str]]) -> list[list[float]]:
+    """:func:`stapo.tools.reward.compute_score` of every response."""
     return [
         [compute_score(task.DATA_SOURCE, r, str(p.answer))["score"] for r in rs] for p, rs in zip(problems, responses)
     ]
@@ -149,7 +150,7 @@ def mean(scores: Sequence[Sequence[float]]) -> float:
 def mask_demo(model, tokenizer, problems, responses, scores, tau_p: float = DEMO_TAU_P, q: float = 0.75):
     """The S2T mask over all ``responses`` as one mini-batch, GRPO advantages per problem.
 
-    Returns the silenced tokens (:func:`stapo.inspect.silenced_tokens` records) and the mask statistics.
+    Returns the silenced tokens (:func:`stapo.tools.inspect_tokens.silenced_tokens` records) and the mask statistics.
     """
     rollouts = [
         Rollout(f"problem {i} sample {j}", str(i), render_prompt(tokenizer, p), r, s)
@@ -176,7 +177,7 @@ def run_cpu(args: argparse.Namespace, model, tokenizer, problems, responses, sco
 
 # ---------------------------------------------------------------------------------------------------- GPU path
 def train_overrides(method: str, model: Path, paths: dict[str, Path], steps: int, out: Path, tau_p: float) -> list:
-    """Hydra overrides of one quickstart run: the tiny-model run of :func:`stapo.tiny.tiny_run_overrides` with the
+    """Hydra overrides of one quickstart run: the tiny-model run of :func:`stapo.quickstart.tiny.tiny_run_overrides` with the
     recipe's reward, validation on the task's validation split and a Hugging Face checkpoint at the end.
 
     Steps are few and large (:data:`PROMPTS` x :data:`ROLLOUTS` responses, four PPO mini-batches of one micro-batch
@@ -200,7 +201,7 @@ def train_overrides(method: str, model: Path, paths: dict[str, Path], steps: int
     }
     if method == "stapo":
         changes["stapo.tau_p"] = tau_p
-    base = tiny_run_overrides(model, paths["train"], out, steps=steps, reward="pkg://stapo.reward:compute_score")
+    base = tiny_run_overrides(model, paths["train"], out, steps=steps, reward="pkg://stapo.tools.reward:compute_score")
     return replace_overrides(base, changes)
 
 
@@ -217,13 +218,13 @@ def call(cmd: list, log: Path, **env: str) -> None:
 
 
 def s2t_totals(metrics: dict[str, dict[int, float]]) -> tuple[int, float, float]:
-    """(steps, candidate tokens, masked tokens) summed over the steps of a run's metrics (``stapo.report.read_metrics``
+    """(steps, candidate tokens, masked tokens) summed over the steps of a run's metrics (``stapo.tools.report.read_metrics``
     output) that logged the S2T counts."""
     candidates, masked = (metrics.get(f"stapo/{k}_tokens", {}) for k in ("candidate", "masked"))
     return len(candidates), sum(candidates.values()), sum(masked.values())
 
 
-def run_gpu(args: argparse.Namespace, warm: Path, paths: dict[str, Path], val: list[task.Problem]) -> None:
+def run_gpu(args: argparse.Namespace, warm: Path, paths: dict[str, Path], val: list[task.ArithProblem]) -> None:
     """JustRL and STAPO from the warmed-up model, evaluation of all three, S2T statistics and plots."""
     models = {"warmup": warm}
     for method in ("justrl", "stapo"):
@@ -235,19 +236,21 @@ def run_gpu(args: argparse.Namespace, warm: Path, paths: dict[str, Path], val: l
         models[method] = out / "ckpt" / f"global_step_{args.steps}" / "actor" / "huggingface"
     write_parquet(task.to_rows(val, "validation", args.seed), args.out / "eval_data" / f"{EVAL_NAME}.parquet")
     call(
-        [sys.executable, "-m", "stapo.eval", "--model", *models.values(), "--label", *models, "--data"]
+        [sys.executable, "-m", "stapo.tools.evaluate", "--model", *models.values(), "--label", *models, "--data"]
         + [args.out / "eval_data", "--out", args.out / "eval", "--benchmarks", EVAL_NAME, "--n", args.samples]
         + ["--max-tokens", MAX_NEW_TOKENS, "--enforce-eager", "--gpu-memory-utilization", 0.3, "--no-progress"],
         args.out / "eval.log",
     )
-    print(f"\nvalidation accuracy, avg@{args.samples} at T = 1.0 (stapo.eval, {len(val)} problems)")
+    print(f"\nvalidation accuracy, avg@{args.samples} at T = 1.0 (stapo.tools.evaluate, {len(val)} problems)")
     for label in models:
         summary = json.loads((args.out / "eval" / label / "train" / "summary.json").read_text())
         print(f"  {label:<8} {summary['benchmarks'][EVAL_NAME]['avg']:6.2f}%")
     steps, candidates, masked = s2t_totals(read_metrics(args.out / "stapo" / "metrics.jsonl"))
     print(f"S2T over {steps} STAPO steps (tau_p = {args.tau_p}): {candidates:.0f} candidates, {masked:.0f} masked")
     logs = [f"{m}={args.out / m / 'metrics.jsonl'}" for m in ("justrl", "stapo")]
-    call([sys.executable, "-m", "stapo.report", "plot", *logs, "--out", args.out / "plots"], args.out / "plot.log")
+    call(
+        [sys.executable, "-m", "stapo.tools.report", "plot", *logs, "--out", args.out / "plots"], args.out / "plot.log"
+    )
     print(f"outputs: {args.out} (runs: justrl/, stapo/; evaluation: eval/; plots: plots/)")
 
 
@@ -265,23 +268,59 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch-size", type=int, default=32, help="warm-up batch size")
     parser.add_argument("--lr", type=float, default=3e-3, help="warm-up peak learning rate")
     parser.add_argument("--eval-problems", type=int, default=32, help="validation problems sampled after warm-up")
-    parser.add_argument("--samples", type=int, default=8, help="samples per problem (accuracy, mask, stapo.eval)")
+    parser.add_argument(
+        "--samples", type=int, default=8, help="samples per problem (accuracy, mask, stapo.tools.evaluate)"
+    )
     parser.add_argument("--tau-p", type=float, default=DEMO_TAU_P, help="S2T tau_p (see DEMO_TAU_P)")
-    parser.add_argument("--q", type=float, default=0.75, help="S2T entropy quantile")
+    parser.add_argument("--q", type=float, default=StapoConfig.q, help="S2T entropy quantile (stapo.q)")
     parser.add_argument("--steps", type=int, default=12, help="gpu: RL steps per method")
     return parser
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Every option, before any work (a bad value must not surface after the warm-up or a whole JustRL run)."""
+    try:
+        StapoConfig(mask="s2t", tau_p=args.tau_p, q=args.q)
+    except StapoConfigError as error:
+        raise SystemExit(f"error: --{str(error).removeprefix('stapo.').replace('_', '-')}") from None
+    positive = (
+        "train",
+        "val",
+        "hidden_size",
+        "layers",
+        "warmup_steps",
+        "batch_size",
+        "eval_problems",
+        "samples",
+        "steps",
+    )
+    for name in positive:
+        if getattr(args, name) < 1:
+            raise SystemExit(f"error: --{name.replace('_', '-')}={getattr(args, name)}: must be a positive integer")
+    if not args.lr > 0:
+        raise SystemExit(f"error: --lr={args.lr}: must be positive")
+    if args.eval_problems > args.val:
+        raise SystemExit(f"error: --eval-problems={args.eval_problems} exceeds --val={args.val}")
+    try:
+        task.generate(args.seed, args.train, args.val)
+    except ValueError as error:
+        raise SystemExit(f"error: --train/--val: {error}") from None
+    if args.mode == "gpu":
+        if not torch.cuda.is_available():
+            raise SystemExit("error: gpu mode needs a CUDA GPU (torch.cuda.is_available() is False); run `cpu`")
+        if any((args.out / name).exists() for name in ("justrl", "stapo", "eval")):
+            # verl would resume from the old checkpoints and stapo.tools.evaluate from the old samples
+            raise SystemExit(f"error: {args.out} already holds a quickstart training run; pass a new --out")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Command-line entry point (``python -m stapo.quickstart``)."""
     args = build_parser().parse_args(argv)
+    check_args(args)
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging
 
     logging.disable_progress_bar()
-    if args.mode == "gpu" and any((args.out / name).exists() for name in ("justrl", "stapo", "eval")):
-        # verl would resume from the old checkpoints and stapo.eval from the old samples
-        raise SystemExit(f"{args.out} already holds a quickstart training run; pass a new output folder")
     device = "cuda" if args.mode == "gpu" else "cpu"
     start = time.time()
     splits, paths, base = build(args.out, args.seed, args.train, args.val, args.hidden_size, args.layers)
@@ -289,12 +328,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     tokenizer = AutoTokenizer.from_pretrained(base)
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).to(device)
     problems = splits["validation"][: args.eval_problems]
-    before = mean(grade(problems, sample(model, tokenizer, problems, args.samples, args.seed)))
+    before = mean(score_responses(problems, sample(model, tokenizer, problems, args.samples, args.seed)))
     losses = warmup(model, tokenizer, splits["train"], args.warmup_steps, args.batch_size, args.lr, args.seed)
     responses = sample(model, tokenizer, problems, args.samples, args.seed)
-    scores = grade(problems, responses)
+    scores = score_responses(problems, responses)
     warm = args.out / "warmup"
-    model.save_pretrained(warm)  # float32, as stapo.tiny saves the random model
+    model.save_pretrained(warm)  # float32, as stapo.quickstart.tiny saves the random model
     tokenizer.save_pretrained(warm)
     print(
         f"warm-up: {args.warmup_steps} steps on {device}, loss {losses[0]:.3f} -> {losses[-1]:.3f} "

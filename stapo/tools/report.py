@@ -1,9 +1,9 @@
 """Paper-style result tables and training curves (STAPO, arXiv 2602.15620).
 
-    python -m stapo.report table [SUMMARY|DIR ...] [--paper] [--method stapo] [--out DIR]
-    python -m stapo.report plot [LABEL=]LOG [[LABEL=]LOG ...] [--out DIR]
+    python -m stapo.tools.report table [SUMMARY|DIR ...] [--paper] [--method stapo] [--out DIR]
+    python -m stapo.tools.report plot [LABEL=]LOG [[LABEL=]LOG ...] [--out DIR]
 
-``table`` reads the ``summary.json`` files of ``python -m stapo.eval`` (each labelled with its method and size) and
+``table`` reads the ``summary.json`` files of ``python -m stapo.tools.evaluate`` (each labelled with its method and size) and
 writes the paper's main table as ``table.md``, ``table.tex`` and ``table.csv``: avg@n on the six benchmarks, their
 mean (Avg) and the relative gain of ``--method`` over the strongest other method at the same size and preset.
 ``--paper`` adds the published v1 table (stapo/paper_table.json), alone or side by side with the runs.
@@ -27,12 +27,12 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from stapo.data import BENCHMARKS, write_atomic
-from stapo.eval import METHODS, PRESETS, SIZES, SUMMARY_FILE
+from stapo.config import methods, sizes, title
+from stapo.tools.data import BENCHMARKS
+from stapo.tools.evaluate import PRESETS, SUMMARY_FILE
+from stapo.tools.io import write_atomic
 
 BENCHMARK_TITLES = ("AIME24", "AIME25", "AMC23", "MATH500", "Minerva", "Olympiad")
-METHOD_TITLES = {"grpo": "GRPO", "entropy20": "20-Entropy", "justrl": "JustRL", "stapo": "STAPO"}
-SIZE_TITLES = {"qwen3_1.7b": "1.7B", "qwen3_8b": "8B", "qwen3_14b": "14B"}
 SOURCES = ("paper", "ours")
 DEFAULT_REPORT = Path("outputs/report")
 
@@ -68,8 +68,14 @@ class Entry:
 
 # ---------------------------------------------------------------------------------------------------------- tables
 def paper_table() -> dict:
-    """The published v1 table with its headline numbers and notes (stapo/paper_table.json)."""
-    return json.loads(resources.files("stapo").joinpath("paper_table.json").read_text(encoding="utf-8"))
+    """The published v1 table with its headline numbers and notes (stapo/tools/paper_table.json)."""
+    return json.loads(resources.files("stapo.tools").joinpath("paper_table.json").read_text(encoding="utf-8"))
+
+
+def method_order() -> list[str]:
+    """The configs' methods in the paper's table order (then any other method)."""
+    paper = list(dict.fromkeys(row["method"] for row in paper_table()["rows"]))
+    return [m for m in paper if m in methods()] + [m for m in methods() if m not in paper]
 
 
 def paper_entries() -> list[Entry]:
@@ -97,11 +103,11 @@ def find_summaries(paths: Iterable[Path]) -> list[Path]:
 def summary_entry(path: Path) -> Entry:
     """The entry of one eval summary; it must carry known method, size and preset labels."""
     summary = json.loads(Path(path).read_text(encoding="utf-8"))
-    for field, allowed in (("method", METHODS), ("size", SIZES), ("preset", PRESETS)):
+    for field, allowed in (("method", methods()), ("size", sizes()), ("preset", tuple(PRESETS))):
         if summary.get(field) not in allowed:
             raise ReportError(
                 f"{path}: field {field!r} is {summary.get(field)!r}, expected one of {', '.join(allowed)}; re-run "
-                f"`python -m stapo.eval` with --{field} (finished samples are reused) or set it in the file"
+                f"`python -m stapo.tools.evaluate` with --{field} (finished samples are reused) or set it in the file"
             )
     scores = [summary["benchmarks"].get(bench, {}).get("avg") for bench in BENCHMARKS]
     return Entry("ours", summary["size"], summary["method"], summary["preset"], (*scores, summary.get("average")))
@@ -168,23 +174,23 @@ def build_table(entries: Sequence[Entry], method: str = "stapo") -> Table:
     gains = relative_gains(entries, method)
     keys = sorted(
         {(e.size, e.method, e.source) for e in entries},
-        key=lambda k: (SIZES.index(k[0]), METHODS.index(k[1]), SOURCES.index(k[2])),
+        key=lambda k: (sizes().index(k[0]), method_order().index(k[1]), SOURCES.index(k[2])),
     )
     header = ["Size", "Method"] + (["Source"] if len(sources) > 1 else []) + [*BENCHMARK_TITLES, "Avg"]
-    header.append(f"Gain of {METHOD_TITLES[method]}")
-    rows, sizes = [], []
+    header.append(f"Gain of {title(method)}")
+    rows, row_sizes = [], []
     for size, name, source in keys:
         found = [by_key.get((source, size, name, preset)) for preset in presets]
         cells = [_cell([e.scores[i] if e else None for e in found]) for i in range(len(BENCHMARKS) + 1)]
         gain = _cell([gains.get((source, p), {}).get(size) for p in presets], "%") if name == method else ""
-        label = [SIZE_TITLES[size], METHOD_TITLES[name]] + ([source] if len(sources) > 1 else [])
+        label = [title(size), title(name)] + ([source] if len(sources) > 1 else [])
         rows.append(label + cells + [gain])
-        sizes.append(size)
+        row_sizes.append(size)
     notes = [_presets_note(presets)]
     for source in sources:
         means = [f"{headline(gains[(source, p)]):.2f}% ({p})" for p in presets if gains.get((source, p))]
         if means:
-            notes.append(f"{source}: mean relative gain of {METHOD_TITLES[method]} over sizes: {', '.join(means)}")
+            notes.append(f"{source}: mean relative gain of {title(method)} over sizes: {', '.join(means)}")
     if "paper" in sources:
         table = paper_table()
         published = table["headline"]
@@ -194,7 +200,7 @@ def build_table(entries: Sequence[Entry], method: str = "stapo") -> Table:
             "(train / justrl)",
             *table["notes"],
         ]
-    return Table(header, rows, sizes, notes)
+    return Table(header, rows, row_sizes, notes)
 
 
 def _presets_note(presets: Sequence[str]) -> str:
@@ -227,7 +233,7 @@ def to_latex(table: Table) -> str:
 
 
 def _entry_order(e: Entry) -> tuple[int, ...]:
-    return list(PRESETS).index(e.preset), SOURCES.index(e.source), SIZES.index(e.size), METHODS.index(e.method)
+    return list(PRESETS).index(e.preset), SOURCES.index(e.source), sizes().index(e.size), method_order().index(e.method)
 
 
 def to_csv(entries: Sequence[Entry], method: str = "stapo") -> str:
@@ -320,7 +326,10 @@ def parse_run_arg(value: str) -> tuple[str, Path]:
 
 def plot_runs(runs: dict[str, dict[str, dict[int, float]]], out_dir: Path) -> tuple[list[Path], list[str]]:
     """One PNG per metric with one line per run; returns the files written and the metrics no run has."""
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        raise ReportError("plots need matplotlib: pip install 'stapo-verl[plot]' (or pip install matplotlib)") from None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -356,13 +365,13 @@ def plot_runs(runs: dict[str, dict[str, dict[int, float]]], out_dir: Path) -> tu
 
 # ------------------------------------------------------------------------------------------------------------- CLI
 def main(argv: Sequence[str] | None = None) -> None:
-    """Command-line entry point (``python -m stapo.report``)."""
-    parser = argparse.ArgumentParser(prog="python -m stapo.report", description=__doc__.split("\n\n")[0])
+    """Command-line entry point (``python -m stapo.tools.report``)."""
+    parser = argparse.ArgumentParser(prog="python -m stapo.tools.report", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     table = commands.add_parser("table", help="paper-style table from eval summaries and/or the published one")
     table.add_argument("summaries", nargs="*", type=Path, help="summary.json files or folders holding them")
     table.add_argument("--paper", action="store_true", help="include the published v1 table")
-    table.add_argument("--method", choices=METHODS, default="stapo", help="method whose relative gain is shown")
+    table.add_argument("--method", choices=methods(), default="stapo", help="method whose relative gain is shown")
     plot = commands.add_parser("plot", help="training curves from verl logs")
     plot.add_argument("runs", nargs="+", metavar="[LABEL=]LOG", help="file-logger JSONL, console log or TB folder")
     for command in (table, plot):

@@ -1,9 +1,9 @@
 """A synthetic math task that ships with the package, for the quickstart: ``a + b * c`` with small integers.
 
 Every problem has a short worked solution ending in ``\\boxed{N}`` (what the warm-up imitates) and an integer
-answer graded by :mod:`stapo.reward`. Problems are distinct triples ``(a, b, c)``, shuffled by the seed and cut into
+answer graded by :mod:`stapo.tools.reward`. Problems are distinct triples ``(a, b, c)``, shuffled by the seed and cut into
 disjoint train and validation splits, and written in the same verl parquet schema and prompt template as the real
-data (:func:`stapo.data.make_prompt`, :func:`stapo.data.write_parquet`).
+data (:func:`stapo.tools.data.make_prompt`, :func:`stapo.tools.data.write_parquet`).
 """
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ import random
 from pathlib import Path
 from typing import NamedTuple
 
-from stapo.data import make_prompt, write_parquet
+from stapo.tools.data import make_prompt, write_parquet
 
 DATA_SOURCE = "stapo_arith"
 """``data_source`` of the task's rows."""
 
 
-class Problem(NamedTuple):
+class ArithProblem(NamedTuple):
     """One problem: its text, worked solution (ending in the boxed answer) and integer answer."""
 
     question: str
@@ -27,18 +27,18 @@ class Problem(NamedTuple):
     answer: int
 
 
-def make_problem(a: int, b: int, c: int) -> Problem:
+def make_problem(a: int, b: int, c: int) -> ArithProblem:
     """The problem ``a + b * c``, solved in two steps."""
     product = b * c
     answer = a + product
-    return Problem(
+    return ArithProblem(
         f"What is {a} + {b} * {c}?",
         f"First {b} * {c} = {product}. Then {a} + {product} = {answer}. The answer is \\boxed{{{answer}}}.",
         answer,
     )
 
 
-def generate(seed: int = 0, n_train: int = 600, n_val: int = 100, max_int: int = 9) -> dict[str, list[Problem]]:
+def generate(seed: int = 0, n_train: int = 600, n_val: int = 100, max_int: int = 9) -> dict[str, list[ArithProblem]]:
     """Disjoint ``train`` and ``validation`` splits of distinct problems with operands in ``[1, max_int]``."""
     triples = list(itertools.product(range(1, max_int + 1), repeat=3))
     if n_train + n_val > len(triples):
@@ -48,21 +48,26 @@ def generate(seed: int = 0, n_train: int = 600, n_val: int = 100, max_int: int =
     return {"train": problems[:n_train], "validation": problems[n_train:]}
 
 
-def to_rows(problems: list[Problem], split: str, seed: int) -> list[dict]:
-    """verl rows (the :data:`stapo.data.SCHEMA` layout) of one split."""
+def to_rows(problems: list[ArithProblem], split: str, seed: int) -> list[dict]:
+    """verl rows (the :data:`stapo.tools.data.SCHEMA` layout) of one split."""
     return [
         {
             "data_source": DATA_SOURCE,
             "prompt": make_prompt(p.question),
             "ability": "math",
             "reward_model": {"style": "rule", "ground_truth": str(p.answer)},
-            "extra_info": {"split": split, "index": i, "original_id": None, "source_file": f"stapo.task(seed={seed})"},
+            "extra_info": {
+                "split": split,
+                "index": i,
+                "original_id": None,
+                "source_file": f"stapo.quickstart.task(seed={seed})",
+            },
         }
         for i, p in enumerate(problems)
     ]
 
 
-def write_task(splits: dict[str, list[Problem]], out_dir: str | Path, seed: int) -> dict[str, Path]:
+def write_task(splits: dict[str, list[ArithProblem]], out_dir: str | Path, seed: int) -> dict[str, Path]:
     """Write ``out_dir/<split>.parquet`` for every split; returns the paths by split."""
     paths = {split: Path(out_dir) / f"{split}.parquet" for split in splits}
     for split, problems in splits.items():

@@ -1,7 +1,7 @@
 """End-to-end GPU smoke of the recipe: JustRL and STAPO (both policy sources) through verl's real V1 trainer,
 vLLM rollouts and the FSDP engine, on a tiny random Qwen3 built here (no downloads), with audit mode on.
 
-    python scripts/gpu_smoke.py --out /tmp/smoke [--gpus 1] [--steps 4] [--methods justrl,stapo,stapo_current]
+    python -m stapo.checks.gpu_smoke --out /tmp/smoke [--gpus 1] [--steps 4] [--methods justrl,stapo,stapo_current]
 
 It exits non-zero if any of these fails, for every STAPO run:
   1. masked tokens exist whenever candidates exist (and candidates exist at least once);
@@ -9,7 +9,8 @@ It exits non-zero if any of these fails, for every STAPO run:
   3. the loss denominator of every mini-batch equals its kept-token count over all data-parallel ranks;
   4. the workers saw exactly the driver's silenced tokens, and the response mask is the original one after the
      update (what verl's metrics and logs read);
-  5. the logged stapo/masked_tokens add up to the tokens the workers silenced.
+  5. the logged stapo/masked_tokens add up to the tokens the workers silenced;
+and for every run, JustRL included: 6. the s2t/* metrics (S2T rule and gradient-norm bound) are logged every step.
 The reward is the fraction of digits in the response: continuous, so every group has positive and negative
 advantages.
 """
@@ -25,7 +26,10 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from stapo.tiny import tiny_run_overrides
+from stapo.quickstart.tiny import tiny_run_overrides
+from stapo.tools.io import read_jsonl as _read_jsonl
+
+S2T_METRICS = ("s2t/candidate_frac", "s2t/spurious_frac", "s2t/grad_bound/spurious_share")
 
 MICRO_PER_MINI = 2  # policy_source=old: two micro-batches per mini-batch and rank, to exercise accumulation
 
@@ -41,7 +45,7 @@ def build_assets(out: Path, tokenizer: Path | None = None, **shape) -> tuple[Pat
     import pandas as pd
     from transformers import AutoTokenizer
 
-    from stapo.tiny import build_model, build_tokenizer
+    from stapo.quickstart.tiny import build_model, build_tokenizer
 
     problems = [f"Compute {a} * {b} + {a + b}." for a in range(2, 40) for b in range(3, 30)]
     texts = [p + f" The answer is \\boxed{{{i}}}." for i, p in enumerate(problems)]
@@ -67,7 +71,7 @@ def overrides(method: str, model: Path, data: Path, gpus: int, steps: int, out: 
     """The tiny-model run of ``method`` (justrl, stapo, stapo_current) with this file's reward."""
     current = method == "stapo_current"
     args = tiny_run_overrides(
-        model, data, out, steps=steps, gpus=gpus, reward=f"{Path(__file__).resolve()}:smoke_reward",
+        model, data, out, steps=steps, gpus=gpus, reward="pkg://stapo.checks.gpu_smoke:smoke_reward",
         micro_batches=1 if current else MICRO_PER_MINI,
     )  # fmt: skip
     if audit:
@@ -103,7 +107,8 @@ def run(method: str, model: Path, data: Path, gpus: int, steps: int, root: Path)
 
 
 def read_jsonl(paths) -> list[dict]:
-    return [json.loads(line) for p in paths for line in Path(p).read_text().splitlines() if line.strip()]
+    """The records of several JSON-lines files (verl's file logger, the audit files), in order."""
+    return [record for path in paths for record in _read_jsonl(Path(path), "JSON lines")]
 
 
 def check(method: str, out: Path, gpus: int) -> tuple[list[str], dict]:
@@ -111,7 +116,8 @@ def check(method: str, out: Path, gpus: int) -> tuple[list[str], dict]:
     problems = []
     steps = [r["data"] for r in read_jsonl([out / "metrics.jsonl"])]
     steps = [s for s in steps if "actor/pg_loss" in s]
-    summary = {"steps": len(steps)}
+    summary = {"steps": len(steps), "s2t": [{k: round(s[k], 6) for k in S2T_METRICS if k in s} for s in steps]}
+    problems += [f"step {i + 1}: no {', '.join(S2T_METRICS)}" for i, s in enumerate(steps) if S2T_METRICS[0] not in s]
     if method == "justrl":
         if any(k.startswith("stapo/") for s in steps for k in s):
             problems.append("justrl logged stapo/* metrics: the mask ran in a baseline")

@@ -1,7 +1,7 @@
 """The actor workers' loss for STAPO runs: verl's own ``ppo_loss`` on a response mask with the silenced tokens
 folded in.
 
-Installed on every actor worker by :class:`stapo.trainer.STAPOTrainer` through verl's ``set_loss_fn`` RPC, as
+Installed on every actor worker by :class:`stapo.train.trainer.STAPOTrainer` through verl's ``set_loss_fn`` RPC, as
 ``functools.partial(stapo_loss, config=<ActorConfig>, stapo=<StapoConfig>)``. verl's FSDP engine calls it once
 per micro-batch as ``loss_function(model_output=..., data=..., dp_group=...)``.
 
@@ -17,7 +17,8 @@ per micro-batch as ``loss_function(model_output=..., data=..., dp_group=...)``.
   - denominator: verl fixes ``batch_num_tokens`` (the mini-batch's response tokens) before the first forward, when
     the mask is unknown, so it is scaled by the kept fraction of this micro-batch over all ranks,
     ``N_kept ≈ N · kept_mb / tokens_mb``. The relative error is at most the spread of the masked fraction across
-    micro-batches (the paper reports ~0.01 % masked).
+    micro-batches (the paper reports ~0.01 % masked). 20-Entropy with ``stapo.top_entropy_norm: all`` keeps the
+    all-token denominator.
 """
 
 from __future__ import annotations
@@ -28,9 +29,10 @@ import torch
 import torch.distributed as dist
 from tensordict import TensorDict
 
-from stapo import audit
 from stapo.config import StapoConfig
-from stapo.s2t import entropy_quantile, s2t_mask, summarize_mask_stats, top_entropy_mask, top_k_threshold
+from stapo.s2t import entropy_quantile, s2t_mask, top_entropy_mask, top_k_threshold
+from stapo.train import audit
+from stapo.train.metrics import mask_metrics
 
 
 def stapo_loss(config, model_output, data: TensorDict, dp_group=None, *, stapo: StapoConfig):
@@ -96,11 +98,11 @@ def _fold_current_policy_mask(model_output, data: TensorDict, dp_group, stapo: S
         )
 
     tokens, masked = _all_reduce_counts([stats["tokens"], stats["masked"]], dp_group, response_mask.device)
-    if tokens > 0:
+    if tokens > 0 and (stapo.mask == "s2t" or stapo.top_entropy_norm == "selected"):
         tu.assign_non_tensor(data, batch_num_tokens=round(data["batch_num_tokens"] * (tokens - masked) / tokens))
     data["response_mask"] = response_to_nested(keep, data["response_mask"])
 
-    metrics = summarize_mask_stats(stats)
+    metrics = mask_metrics(stats)
     if math.isnan(metrics["stapo/entropy_threshold"]):
         del metrics["stapo/entropy_threshold"]  # a NaN would poison the mean over micro-batches
     return metrics

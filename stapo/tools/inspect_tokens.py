@@ -1,11 +1,11 @@
 """Spurious-token inspector: the tokens of given rollouts that the S2T mask silences, in the paper's appendix form.
 
-    python -m stapo.inspect --model DIR --rollouts FILE [FILE ...] [--tau-p 0.002] [--q 0.75] [--max-samples N]
+    python -m stapo.tools.inspect_tokens --model DIR --rollouts FILE [FILE ...] [--tau-p 0.002] [--q 0.75] [--max-samples N]
                             [--context 20] [--top-k 5] [--show 50] [--out FILE.jsonl]
 
 Rollouts are verl's rollout dumps (``trainer.rollout_data_dir``: one ``<step>.jsonl`` per step, lines with ``input``,
 ``output``, ``score`` and, from the V1 trainer, ``uid`` = ``<prompt uid>_<session>_<index>``) or the sample files of
-``python -m stapo.eval``. Advantages are recomputed GRPO-style with verl's ``compute_grpo_outcome_advantage``,
+``python -m stapo.tools.evaluate``. Advantages are recomputed GRPO-style with verl's ``compute_grpo_outcome_advantage``,
 (r - mean) / (std + 1e-6) over the samples of the same prompt; token probabilities and entropies are recomputed with
 transformers; :func:`stapo.s2t.s2t_mask` is applied to all inspected samples as one mini-batch (STAPO, arXiv
 2602.15620, eq. I^S2T). Each silenced token is listed with its context, probability, entropy, top-k alternatives
@@ -23,8 +23,9 @@ from pathlib import Path
 
 import torch
 
-from stapo.data import write_atomic
+from stapo.config import StapoConfig
 from stapo.s2t import s2t_mask
+from stapo.tools.io import DataFileError, read_jsonl, write_atomic
 
 EVAL_KEYS = ("benchmark", "problem_id", "sample", "prompt", "response", "score")
 DUMP_KEYS = ("input", "output", "score")
@@ -59,19 +60,11 @@ class TokenStats:
 
 def read_rollouts(paths: Sequence[Path], tokenizer) -> list[Rollout]:
     """Rollouts of eval sample files or verl rollout dumps (detected per line)."""
+    expected = "JSON lines: a verl rollout dump (trainer.rollout_data_dir) or an eval samples*.jsonl"
     rollouts = []
     for path in map(Path, paths):
-        if not path.is_file():
-            raise InspectError(f"{path}: no such file")
-        with path.open(encoding="utf-8") as lines:
-            for number, line in enumerate(lines, 1):
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as error:
-                    raise InspectError(f"{path}:{number}: not valid JSON ({error})") from None
-                rollouts.append(_rollout(record, f"{path}:{number}", tokenizer))
+        for number, record in enumerate(read_jsonl(path, expected), 1):
+            rollouts.append(_rollout(record, f"{path}:{number}", tokenizer))
     if not rollouts:
         raise InspectError(f"no rollouts in {', '.join(map(str, paths))}")
     return rollouts
@@ -194,12 +187,13 @@ def format_token(number: int, token: dict) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Command-line entry point (``python -m stapo.inspect``)."""
-    parser = argparse.ArgumentParser(prog="python -m stapo.inspect", description=__doc__.split("\n\n")[0])
+    """Command-line entry point (``python -m stapo.tools.inspect_tokens``)."""
+    parser = argparse.ArgumentParser(prog="python -m stapo.tools.inspect_tokens", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", type=Path, required=True, help="Hugging Face model folder (policy to inspect)")
     parser.add_argument("--rollouts", type=Path, nargs="+", required=True, help="verl rollout dumps or eval samples")
-    parser.add_argument("--tau-p", type=float, default=0.002, help="probability threshold τ_p (paper: 0.002)")
-    parser.add_argument("--q", type=float, default=0.75, help="entropy quantile q (paper: 0.75)")
+    defaults = StapoConfig()
+    parser.add_argument("--tau-p", type=float, default=defaults.tau_p, help="probability threshold τ_p (stapo.tau_p)")
+    parser.add_argument("--q", type=float, default=defaults.q, help="entropy quantile q (stapo.q)")
     parser.add_argument("--temperature", type=float, default=1.0, help="logit temperature (training rollouts: 1.0)")
     parser.add_argument("--max-samples", type=int, help="inspect only the first N samples (advantages use all)")
     parser.add_argument("--context", type=int, default=20, help="context tokens shown on each side")
@@ -220,7 +214,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).to(args.device).eval()
         stats = [token_stats(model, tokenizer, r, args.top_k, args.temperature) for r in rollouts]
         tokens, mask_stats = silenced_tokens(rollouts, stats, advantages, tokenizer, args.tau_p, args.q, args.context)
-    except (InspectError, ValueError) as error:
+    except (InspectError, DataFileError, ValueError) as error:
         parser.exit(2, f"error: {error}\n")
     print(
         f"{len(rollouts)} samples, {mask_stats['tokens']} response tokens, {mask_stats['candidates']} candidates "

@@ -1,0 +1,395 @@
+"""What do STAPO and the actor cost? Three measurements (not tests; docs/performance.md and docs/scale.md have the
+results):
+
+python -m stapo.checks.benchmark mask [--responses 2048 --length 15360]
+    The driver's work in STAPO's default mode on a paper-scale synthetic batch, in the jagged layout it arrives in
+    from TransferQueue, on this machine's CPU: the mask alone, the mask with the s2t/* gradient-bound sums, and
+    folding the result into the two masks written back (median of repeated runs).
+
+python -m stapo.checks.benchmark actor --out DIR [--shape qwen3_1.7b --tokens 32768 --seq 2048]
+    One actor micro-batch as verl's FSDP engine computes it (packed sequences, gradient checkpointing, bfloat16, the
+    log-probabilities of the sampled tokens, forward and backward), on one GPU, for each attention implementation
+    (packed sdpa, flex_attention, the recipe's torch_varlen; padded sdpa) and each log-probability path (verl's
+    fallback without flash-attn, ``logprobs_from_logits``, and its fused kernel ``use_fused_kernels``); plus the
+    no-grad old-log-prob pass with entropy. Seconds (median of the timed repeats) and MFU as verl counts it
+    (``FlopsCounter``).
+
+python -m stapo.checks.benchmark attention
+    The recipe's ``torch_varlen`` attention against ``sdpa`` run on each sequence alone (forward and backward,
+    grouped-query heads, causal), on one GPU; exits non-zero when they differ beyond bfloat16 rounding.
+
+python -m stapo.checks.benchmark gpu --out DIR [--model tiny|qwen3_1.7b ... --cycles 6]
+    One real training run (verl V1 trainer, vLLM, FSDP, one GPU) that switches method every step, in --cycles
+    rounds: JustRL (verl's stock update: no mask, no s2t/* metrics), STAPO with policy_source=old (mask and
+    metrics), STAPO with policy_source=current. Same process, same card, same warm engines, and any drift of the
+    machine spread over all three: per method, the median step and actor-update times over the rounds after the
+    first (warm-up), and the largest peak GPU memory of its actor updates in those rounds. verl reports the actor's
+    peak as a running maximum over the process, so the benchmark resets the CUDA peak counter in the actor worker
+    before every update (one GPU: verl's ``execute_func_rank_zero`` reaches the only rank).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+PHASES = ("justrl", "stapo_old", "stapo_current")
+TRAINER_MODE = "stapo_bench"
+ACTOR_VARIANTS = (
+    ("sdpa", True, False),  # what a run without flash-attn used before the recipe chose: packed sdpa, verl's loop
+    ("torch_varlen", True, False),
+    ("sdpa", True, True),
+    ("flex_attention", True, True),
+    ("torch_varlen", True, True),  # the recipe's choice without flash-attn
+    ("sdpa", False, True),  # padded batch (use_remove_padding=False)
+)
+"""(attention, packed, fused log-probs) of the ``actor`` measurement; the fused ones last (verl's patch of the
+model's forward for them is not undone)."""
+
+
+# ------------------------------------------------------------------------------------------------------------ mask
+def bench_mask(responses: int, length: int, repeats: int) -> dict:
+    from stapo.batch_mask import mask_for_update
+    from stapo.train.trainer import fold, minibatch_rows
+
+    gen = torch.Generator().manual_seed(0)
+    offsets = torch.arange(responses + 1) * length
+
+    def jagged(values):
+        return torch.nested.nested_tensor_from_jagged(values.reshape(-1), offsets)
+
+    n = responses * length
+    log_probs = -3 * torch.rand(n, generator=gen)
+    log_probs[torch.rand(n, generator=gen) < 0.003] = -8.0  # 0.3% of tokens below tau_p = 0.002
+    entropy = 2 * torch.rand(n, generator=gen)
+    advantages = torch.randn(responses, 1, generator=gen).expand(responses, length).reshape(-1).contiguous()
+    mask = torch.ones(n, dtype=torch.int64)
+    inputs = [jagged(x) for x in (log_probs, entropy, advantages, mask)]
+    groups = minibatch_rows(responses, dp_size=8, mini_batch_size=responses // 4, shuffle=False, seed=42)
+    times = {"mask_ms": [], "mask_and_bound_ms": [], "fold_two_masks_ms": []}
+    for _ in range(repeats):
+        start = time.perf_counter()
+        mask_for_update("s2t", *inputs, groups)
+        times["mask_ms"].append(1000 * (time.perf_counter() - start))
+        start = time.perf_counter()
+        silenced, stats = mask_for_update("s2t", *inputs, groups, grad_bound=True)
+        times["mask_and_bound_ms"].append(1000 * (time.perf_counter() - start))
+        start = time.perf_counter()
+        for _ in range(2):  # response_mask and loss_mask
+            fold(inputs[3], silenced)
+        times["fold_two_masks_ms"].append(1000 * (time.perf_counter() - start))
+    result = {"batch": f"{responses} x {length}", "tokens": n, "torch_threads": torch.get_num_threads()}
+    result["cpus"] = os.cpu_count()
+    for key, values in times.items():
+        result[f"{key}_median"] = round(statistics.median(values), 1)
+        result[f"{key}_all"] = [round(x, 1) for x in values]
+    result.update(candidates=stats["candidates"], masked=stats["masked"])
+    return result
+
+
+# ----------------------------------------------------------------------------------------------------------- actor
+def bench_actor(args) -> dict:
+    """The ``actor`` measurement (module docstring)."""
+    from transformers import AutoModelForCausalLM, Qwen3Config
+    from verl.models.transformers.monkey_patch import apply_monkey_patch
+    from verl.utils.flops_counter import FlopsCounter
+    from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
+
+    from stapo.quickstart.tiny import QWEN3_SHAPES
+    from stapo.train import attention
+
+    attention.register()
+    torch.manual_seed(0)
+    config = Qwen3Config(**QWEN3_SHAPES[args.shape], max_position_embeddings=40960, torch_dtype="bfloat16")
+    with torch.device("cuda"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    model.train().gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    n_seq = args.tokens // args.seq
+    seqlens = [args.seq] * n_seq
+    ids = torch.randint(0, config.vocab_size, (n_seq, args.seq), device="cuda")
+    counter = FlopsCounter(config)
+    results = {"shape": args.shape, "tokens": args.tokens, "seq": args.seq, "gpu": torch.cuda.get_device_name()}
+    patched = False
+    for attn, packed, fused in ACTOR_VARIANTS:
+        name = f"{attn}{'' if packed else '_padded'}{'+fused' if fused else '+logprobs_loop'}"
+        try:
+            model.set_attn_implementation(attn)
+            if fused and not patched:
+                apply_monkey_patch(
+                    model, use_remove_padding=True, use_fused_kernels=True, fused_kernels_backend="torch"
+                )
+                patched = True
+            step = functools.partial(_actor_step, model, ids, packed, fused, logprobs_from_logits, entropy_from_logits)
+            torch.cuda.reset_peak_memory_stats()
+            update = _timed(lambda: step(train=True), args.repeats)
+            old = _timed(lambda: step(train=False), args.repeats)
+            mfu = counter.estimate_flops(seqlens, update["median_s"])
+            results[name] = {
+                "update_s": update,
+                "old_log_prob_s": old,
+                "update_tflops": round(mfu[0], 1),
+                "update_mfu": round(mfu[0] / mfu[1], 4),
+                "peak_gb": round(torch.cuda.max_memory_allocated() / 2**30, 2),
+                "mean_log_prob": step(train=False, check=True),
+            }
+        except Exception as error:  # noqa: BLE001 - a variant that fails is a result too
+            results[name] = {"error": f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"}
+        model.zero_grad(set_to_none=True)
+        torch.cuda.empty_cache()
+        print(name, json.dumps(results[name]), flush=True)
+    return results
+
+
+def _actor_step(model, ids, packed, fused, logprobs_from_logits, entropy_from_logits, train, check=False):
+    """One micro-batch: log-probs of the sampled tokens (and, without grad, the entropy) from packed or padded
+    inputs, as verl's engine calls the model; backward of their mean when ``train``. With ``check``, the mean
+    log-prob (the variants must agree up to bfloat16 noise)."""
+    n_seq, seq = ids.shape
+    if packed:
+        inputs = {"input_ids": ids.reshape(1, -1), "position_ids": torch.arange(seq, device="cuda").repeat(1, n_seq)}
+    else:
+        inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    labels = torch.roll(inputs["input_ids"], shifts=-1, dims=-1)
+    with torch.set_grad_enabled(train):
+        if fused:
+            out = model(**inputs, shift_labels=labels, temperature=1.0, return_dict=True)
+            log_probs, entropy = out.log_probs, out.entropy
+        else:
+            logits = model(**inputs).logits.reshape(-1, model.config.vocab_size)
+            log_probs = logprobs_from_logits(logits=logits, labels=labels.reshape(-1))
+            entropy = None if train else entropy_from_logits(logits)
+        if check:
+            return round(float(log_probs.float().mean()), 4)
+        if train:
+            log_probs.float().mean().backward()
+            model.zero_grad(set_to_none=True)
+        elif entropy is not None:
+            entropy.float().sum().item()
+
+
+def _timed(fn, repeats: int) -> dict:
+    fn()  # warm-up: compilation, autotuning, allocator
+    times = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return {"median_s": round(statistics.median(times), 3), "all_s": [round(t, 3) for t in times]}
+
+
+def check_attention(heads: int = 16, kv_heads: int = 8, dim: int = 128, lengths=(300, 1, 2048, 77)) -> dict:
+    """``torch_varlen`` on packed sequences == ``sdpa`` on each sequence alone, outputs and input gradients."""
+    import torch.nn.functional as F
+
+    from stapo.train.attention import varlen_attention
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    total = sum(lengths)
+    q, k, v = (
+        torch.randn(1, h, total, dim, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_()
+        for h in (heads, kv_heads, kv_heads)
+    )
+    position_ids = torch.cat([torch.arange(n, device="cuda") for n in lengths])[None]
+    out, _ = varlen_attention(None, q, k, v, None, scaling=dim**-0.5, position_ids=position_ids)
+    grad = torch.randn_like(out)
+    fast = [out, *torch.autograd.grad(out, (q, k, v), grad)]
+    parts, start = [], 0
+    for n in lengths:
+        sl = slice(start, start + n)
+        parts.append(
+            F.scaled_dot_product_attention(
+                q[:, :, sl], k[:, :, sl], v[:, :, sl], is_causal=True, scale=dim**-0.5, enable_gqa=True
+            ).transpose(1, 2)
+        )
+        start += n
+    ref_out = torch.cat(parts, dim=1)
+    reference = [ref_out, *torch.autograd.grad(ref_out, (q, k, v), grad)]
+    errors = {
+        name: float((a.float() - b.float()).norm() / b.float().norm())
+        for name, a, b in zip(("out", "dq", "dk", "dv"), fast, reference)
+    }
+    return {"relative_errors": errors, "ok": all(e < 2e-2 for e in errors.values()), "torch": torch.__version__}
+
+
+# ------------------------------------------------------------------------------------------------ rotating training
+def register_bench_trainer() -> None:
+    """The trainer mode ``stapo_bench``: STAPO's trainer that switches method every step (see PHASES)."""
+    from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY, register_trainer
+    from verl.utils.config import omega_conf_to_dataclass
+    from verl.workers.utils.losses import ppo_loss
+
+    from stapo.config import StapoConfig
+    from stapo.train.loss import stapo_loss
+    from stapo.train.trainer import STAPOTrainer
+
+    if TRAINER_MODE in TRAINER_REGISTRY:
+        return
+    configs = {
+        "justrl": StapoConfig(metrics=False),
+        "stapo_old": StapoConfig(mask="s2t"),
+        "stapo_current": StapoConfig(mask="s2t", policy_source="current", metrics=False),
+    }
+
+    @register_trainer(TRAINER_MODE)
+    class BenchTrainer(STAPOTrainer):
+        def _update_actor(self, batch, metrics):
+            phase = PHASES[(self.global_steps - 1) % len(PHASES)]
+            if getattr(self, "_phase", None) != phase:
+                self._phase, self.stapo = phase, configs[phase]
+                actor = self.config.actor_rollout_ref.actor
+                actor.calculate_entropy = self.stapo.policy_source == "current"
+                loss_config = omega_conf_to_dataclass(actor)
+                loss = functools.partial(stapo_loss, stapo=self.stapo) if self.stapo.active else ppo_loss
+                self.actor_rollout_wg.set_loss_fn(functools.partial(loss, config=loss_config))
+            metrics["bench/phase"] = PHASES.index(phase)
+            self.actor_rollout_wg.execute_func_rank_zero(torch.cuda.reset_peak_memory_stats)
+            return super()._update_actor(batch, metrics)
+
+
+def shape_run_overrides(model: Path, data: Path, out: Path, *, steps: int, prompts: int, response_length: int) -> list:
+    """Overrides of a one-GPU run of a model at its true shape: the size config's own token budgets and
+    parallelism, with the batch, steps, response length and data of a benchmark."""
+    return [
+        f"actor_rollout_ref.model.path={model}",
+        f"data.train_files={data}",
+        f"data.val_files={data}",
+        f"data.train_batch_size={prompts}",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={max(prompts // 4, 1)}",
+        "data.max_prompt_length=256",
+        f"data.max_response_length={response_length}",
+        "trainer.n_gpus_per_node=1",
+        f"trainer.total_training_steps={steps}",
+        "trainer.val_before_train=False",
+        "trainer.test_freq=-1",
+        "trainer.save_freq=-1",
+        'trainer.logger=["console","file"]',
+        f"trainer.default_local_dir={out / 'ckpt'}",
+        f"+ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH={out / 'metrics.jsonl'}",
+    ]
+
+
+def bench_gpu(args) -> dict:
+    from stapo.checks.gpu_smoke import build_assets, overrides, read_jsonl
+    from stapo.quickstart.tiny import QWEN3_SHAPES, replace_overrides
+
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    shape = QWEN3_SHAPES.get(args.model, {})
+    model, data = build_assets(out, tokenizer=args.tokenizer, device="cuda" if shape else None, **shape)
+    steps = args.cycles * len(PHASES)
+    changes = {
+        "stapo.mask": "none",
+        "trainer.v1.trainer_mode": TRAINER_MODE,
+        "ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES": "'stapo.train.plugin,stapo.checks.benchmark'",
+        "+ray_kwargs.ray_init.runtime_env.env_vars.STAPO_BENCH": "'1'",  # env vars must be strings
+        "actor_rollout_ref.actor.entropy_checkpointing": True,
+    }
+    if shape:  # the size config's own budgets and parallelism
+        config = ["--config-name=stapo", f"size={args.model}"]
+        run = shape_run_overrides(
+            model, data, out, steps=steps, prompts=args.prompts, response_length=args.response_length
+        )
+    else:
+        config = ["--config-name=stapo"]
+        run = overrides("stapo", model, data, 1, steps, out, audit=False)
+        changes.update(
+            {
+                "data.max_response_length": args.response_length,
+                "data.train_batch_size": args.prompts,
+                "actor_rollout_ref.actor.ppo_mini_batch_size": args.prompts // 2,
+                "actor_rollout_ref.actor.optim.lr": 1e-6,
+            }
+        )
+    cmd = [sys.executable, "-m", "stapo.train", *config, *replace_overrides(run, changes)]
+    env = {**os.environ, "VERL_FILE_LOGGER_PATH": str(out / "metrics.jsonl"), "STAPO_BENCH": "1"}
+    start = time.time()
+    with open(out / "train.log", "w") as log:
+        proc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    if proc.returncode != 0:
+        raise SystemExit(f"training failed; see {out / 'train.log'}:\n{(out / 'train.log').read_text()[-3000:]}")
+    rows = [r["data"] for r in read_jsonl([out / "metrics.jsonl"]) if "bench/phase" in r["data"]]
+    result = {"model": args.model, "response_length": args.response_length, "wall_s": round(time.time() - start)}
+    for i, phase in enumerate(PHASES):
+        runs = [r for r in rows if r["bench/phase"] == i]
+        timed = runs[1:]  # the first round is warm-up
+        result[phase] = {
+            "steps": len(timed),
+            "step_s": statistics.median(r["timing_s/step"] for r in timed),
+            "update_actor_s": statistics.median(r["timing_s/update_actor"] for r in timed),
+            "step_s_all": [round(r["timing_s/step"], 3) for r in runs],
+            "update_actor_s_all": [round(r["timing_s/update_actor"], 3) for r in runs],
+            "peak_mem_gb": max(r["actor/perf/max_memory_allocated_gb"] for r in timed),
+            "peak_mem_gb_all": [round(r["actor/perf/max_memory_allocated_gb"], 4) for r in runs],
+            "mfu_actor_all": [round(r.get("perf/mfu/actor", float("nan")), 4) for r in runs],
+            "response_length": statistics.mean(r["response_length/mean"] for r in timed),
+            "masked_frac": statistics.mean(r.get("stapo/masked_frac", 0.0) for r in timed),
+        }
+        if "timing_s/stapo_mask" in timed[0]:  # the driver's own work (policy_source=old), in update_actor
+            driver = [r["timing_s/stapo_mask"] + r.get("timing_s/stapo_restore", 0.0) for r in timed]
+            result[phase]["driver_mask_s"] = statistics.median(driver)
+            result[phase]["driver_mask_s_all"] = [round(x, 4) for x in driver]
+    for phase in PHASES[1:]:
+        for key in ("step_s", "update_actor_s", "peak_mem_gb"):
+            result[phase][f"{key}_ratio"] = round(result[phase][key] / result["justrl"][key], 4)
+    if "driver_mask_s" in result["stapo_old"]:
+        result["stapo_old"]["driver_mask_share_of_justrl_step"] = round(
+            result["stapo_old"]["driver_mask_s"] / result["justrl"]["step_s"], 5
+        )
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m stapo.checks.benchmark", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="what", required=True)
+    mask = sub.add_parser("mask")
+    mask.add_argument("--responses", type=int, default=2048)
+    mask.add_argument("--length", type=int, default=15360)
+    mask.add_argument("--repeats", type=int, default=7)
+    sub.add_parser("attention")
+    actor = sub.add_parser("actor")
+    actor.add_argument("--out", type=Path, required=True)
+    actor.add_argument("--shape", default="qwen3_1.7b", help="a key of stapo.quickstart.tiny.QWEN3_SHAPES")
+    actor.add_argument("--tokens", type=int, default=32768, help="tokens per micro-batch (the size config's budget)")
+    actor.add_argument("--seq", type=int, default=2048, help="tokens per sequence")
+    actor.add_argument("--repeats", type=int, default=2, help="timed repeats after one warm-up")
+    gpu = sub.add_parser("gpu")
+    gpu.add_argument("--out", type=Path, required=True)
+    gpu.add_argument("--model", default="tiny", help="tiny, or a key of QWEN3_SHAPES (the size config's settings)")
+    gpu.add_argument("--tokenizer", type=Path, help="HF tokenizer dir (default: a small BPE trained on the prompts)")
+    gpu.add_argument("--cycles", type=int, default=6, help="rounds of the three methods; the first is warm-up")
+    gpu.add_argument("--prompts", type=int, default=16, help="prompts per step")
+    gpu.add_argument("--response-length", type=int, default=64)
+    args = parser.parse_args()
+    if args.what == "mask":
+        result = bench_mask(args.responses, args.length, args.repeats)
+    elif args.what == "attention":
+        result = check_attention()
+        print(json.dumps(result))
+        sys.exit(0 if result["ok"] else 1)
+    elif args.what == "actor":
+        result = bench_actor(args)
+    else:
+        result = bench_gpu(args)
+    text = json.dumps(result, indent=1)
+    if args.what != "mask":
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / f"{args.what}.json").write_text(text + "\n")
+    print(text)
+
+
+if os.environ.get("STAPO_BENCH"):  # imported by verl in the Ray processes of a `gpu` run
+    register_bench_trainer()
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,3 @@
+from stapo.quickstart.run import main
+
+main()

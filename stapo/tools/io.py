@@ -1,0 +1,110 @@
+"""File I/O shared by the tools: whole-file writes that never leave a half-written file, appends, and readers whose
+errors name the file and what was expected instead of a library traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+
+class DataFileError(ValueError):
+    """A file that cannot be used; the message names it, says what is wrong and what was expected."""
+
+
+def _umask() -> int:
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            return int(next(line for line in status if line.startswith("Umask:")).split()[1], 8)
+    except (OSError, StopIteration, ValueError):
+        mask = os.umask(0o022)
+        os.umask(mask)
+        return mask
+
+
+def write_atomic(path: Path, data: str | bytes) -> None:
+    """Write a whole file through a temporary file in the same folder and ``os.replace``: readers see the old file
+    or the new one, never a part. Permissions follow the umask, like a plain ``open(path, "w")``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(descriptor, "wb") as file:
+            file.write(data.encode() if isinstance(data, str) else data)
+        os.chmod(temporary, 0o666 & ~_umask())  # mkstemp creates 0600
+        os.replace(temporary, path)
+    except BaseException:
+        os.unlink(temporary)
+        raise
+
+
+def append_atomic(path: Path, lines: Sequence[str]) -> None:
+    """Append ``lines`` with one ``O_APPEND`` write, then fsync. A write cut off by a kill leaves one partial last
+    line, which readers of such logs skip (see ``stapo.tools.evaluate.load_samples``)."""
+    data = "".join(lines).encode()
+    descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(descriptor, view) :]
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def parquet_columns(path: Path, expected: str) -> list[str]:
+    """The column names of a parquet file; :class:`DataFileError` naming the file if it is missing or unreadable.
+    ``expected`` says what the file should be (e.g. "a verl parquet written by `python -m stapo.tools.data`")."""
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    if not path.is_file():
+        raise DataFileError(f"{path}: no such file; expected {expected}")
+    try:
+        return pq.read_schema(path).names
+    except Exception as error:  # noqa: BLE001 - pyarrow raises several types for a damaged file
+        raise DataFileError(
+            f"{path}: not a readable parquet file ({_first_line(error)}); expected {expected}"
+        ) from None
+
+
+def read_parquet(path: Path, expected: str, columns: Iterable[str] | None = None) -> list[dict]:
+    """The rows of a parquet file as dicts; :class:`DataFileError` naming the file if it cannot be read or lacks
+    one of ``columns``."""
+    import pyarrow.parquet as pq
+
+    columns = list(columns) if columns is not None else None
+    names = parquet_columns(path, expected)
+    missing = [c for c in columns or () if c not in names]
+    if missing:
+        raise DataFileError(f"{path}: missing column(s) {', '.join(missing)}; expected {expected}")
+    try:
+        return pq.read_table(path, columns=columns).to_pylist()
+    except Exception as error:  # noqa: BLE001
+        raise DataFileError(
+            f"{path}: not a readable parquet file ({_first_line(error)}); expected {expected}"
+        ) from None
+
+
+def read_jsonl(path: Path, expected: str) -> list[dict]:
+    """The objects of a JSON-lines file; :class:`DataFileError` naming the file and line if one is not JSON."""
+    path = Path(path)
+    records = []
+    try:
+        with path.open(encoding="utf-8") as lines:
+            for number, line in enumerate(lines, 1):
+                if line.strip():
+                    records.append(json.loads(line))
+    except FileNotFoundError:
+        raise DataFileError(f"{path}: no such file; expected {expected}") from None
+    except UnicodeDecodeError:
+        raise DataFileError(f"{path}: not a text file; expected {expected}") from None
+    except json.JSONDecodeError as error:
+        raise DataFileError(f"{path}: line {number} is not JSON ({error.msg}); expected {expected}") from None
+    return records
+
+
+def _first_line(error: Exception) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]

@@ -1,0 +1,3 @@
+from stapo.train.main import main
+
+main()

@@ -1,0 +1,87 @@
+"""Training entry point: ``python -m stapo.train --config-name <method> size=<size> [override ...]``
+(``bash scripts/train.sh METHOD SIZE`` runs it).
+
+A thin wrapper around verl's ``verl.trainer.main_ppo``: it composes the recipe's YAML (deltas over verl's own
+``ppo_trainer``), checks the ``stapo:`` block, resolves the ``auto`` attention settings, runs the preflight checks
+(GPUs, data, model, attention) and verl's own config rules on the driver, checks that the recipe is installed where
+Ray will look for it, and then runs verl's V1 task runner unchanged. Any Hydra override works, e.g.
+``stapo.tau_p=0.001 trainer.n_gpus_per_node=4``.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import fields
+
+import hydra
+from omegaconf import DictConfig
+
+from stapo.config import CONFIG_DIR, StapoConfig, StapoConfigError, methods, sizes
+from stapo.train import preflight
+
+
+class ConfigError(RuntimeError):
+    """The composed config cannot run; one line per problem."""
+
+
+def validate(config: DictConfig, environment: bool = True) -> StapoConfig:
+    """All checks that can run before Ray starts: the ``stapo:`` block, the ``auto`` settings, the preflight
+    checks (with ``environment``: GPUs, data, model too), then verl's own config rules. Raises
+    :class:`ConfigError` with one line per problem."""
+    try:
+        stapo = preflight.validate_training_config(config)
+        preflight.resolve_auto(config)
+    except (StapoConfigError, RuntimeError) as error:
+        raise ConfigError(str(error)) from None
+    found = preflight.config_problems(config) + (preflight.environment_problems(config) if environment else [])
+    if found:
+        raise ConfigError("\n".join(found))
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+    from verl.utils.device import auto_set_device
+
+    auto_set_device(config)
+    try:
+        validate_config(
+            config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config)
+        )
+    except (AssertionError, ValueError) as error:
+        raise ConfigError(f"verl's config check: {error}") from None
+    return stapo
+
+
+def run(config: DictConfig) -> None:
+    validate(config)
+    preflight.check_installed()
+    from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
+
+    run_ppo(config, task_runner_class=TaskRunnerV1)
+
+
+def usage() -> str:
+    """What ``--help`` prints: the recipe's own options, not verl's 1,100-line config."""
+    knobs = "\n".join(f"  stapo.{f.name}={f.default!s:<11} {f.metadata['help']}" for f in fields(StapoConfig))
+    return (
+        "usage: python -m stapo.train --config-name METHOD [size=SIZE] [KEY=VALUE ...]\n"
+        "       bash scripts/train.sh METHOD SIZE [KEY=VALUE ...]\n\n"
+        f"METHOD: {' | '.join(methods())}   SIZE: {' | '.join(sizes())} (default qwen3_1.7b)\n"
+        f"Configs: {CONFIG_DIR} (base.yaml, one file per method, size/*.yaml)\n\n"
+        f"The stapo block (defaults; README 'The stapo: block'):\n{knobs}\n\n"
+        "Any key of verl's ppo_trainer config can be overridden, e.g. trainer.n_gpus_per_node=4 data.train_files=F.\n"
+        "Print the composed config without running: python -m stapo.train --config-name stapo --cfg job"
+    )
+
+
+@hydra.main(config_path=str(CONFIG_DIR), config_name="stapo", version_base=None)
+def _hydra_main(config: DictConfig) -> None:
+    try:
+        run(config)
+    except ConfigError as error:
+        raise SystemExit("\n".join(f"error: {line}" for line in str(error).splitlines())) from None
+
+
+def main() -> None:
+    if any(arg in ("-h", "--help") for arg in sys.argv[1:]):
+        print(usage())
+        return
+    _hydra_main()

@@ -1,0 +1,13 @@
+"""verl plugin: in every process that imports verl, registers the trainer mode ``stapo_sync`` and the attention
+implementation ``torch_varlen`` (:mod:`stapo.train.attention`).
+
+Loaded through the ``verl.plugins`` entry point once the package is installed, and explicitly through
+``VERL_USE_EXTERNAL_MODULES=stapo.train.plugin`` (set in the recipe configs' Ray runtime environment, so it reaches
+every Ray process even where entry points are disabled). verl swallows plugin errors, so the entry point checks that
+the package is installed (:func:`stapo.train.preflight.check_installed`) and the trainer checks that the actor
+workers can load the STAPO loss.
+"""
+
+from stapo.train import attention, trainer  # noqa: F401  (trainer registers the trainer mode on import)
+
+attention.register()

@@ -1,0 +1,279 @@
+"""Checks that run on the driver before Ray starts, so that a run that cannot work stops in seconds with one line
+per problem (what is wrong, which key, what to do) instead of hanging or failing after minutes of start-up.
+
+* :func:`validate_training_config`: the ``stapo:`` block and how it fits the rest of verl's config;
+* :func:`resolve_auto`: the ``auto`` attention and fused-kernel settings (:mod:`stapo.train.attention`);
+* :func:`config_problems`: settings that cannot work together (attention implementation and sequence parallelism);
+* :func:`environment_problems`: GPUs (visible here, or in the Ray cluster of ``RAY_ADDRESS``), training and
+  validation files, model path, and the checkpoint a run would resume from.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from importlib.metadata import entry_points
+from pathlib import Path
+
+from omegaconf import DictConfig, open_dict
+
+from stapo.config import TRAINER_MODE, StapoConfig, StapoConfigError
+from stapo.tools.data import REQUIRED_COLUMNS
+from stapo.tools.io import DataFileError, parquet_columns
+from stapo.train import attention
+
+PLUGIN_ENTRY_POINT = "stapo"
+TRACKER = "latest_checkpointed_iteration.txt"
+CLUSTER_TIMEOUT_S = 60
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+
+
+def validate_training_config(config: DictConfig) -> StapoConfig:
+    """The typed ``stapo:`` block, checked together with the verl keys it depends on; raises
+    :class:`stapo.config.StapoConfigError` naming the key."""
+    stapo = StapoConfig.from_node(config.get("stapo"))
+    trainer = config.trainer
+    actor = config.actor_rollout_ref.actor
+    if not (stapo.active or stapo.metrics):
+        return stapo
+    if not trainer.get("use_v1", True):
+        raise StapoConfigError(
+            "trainer.use_v1=False: the STAPO mask and metrics are implemented for verl's V1 trainer only; set "
+            "trainer.use_v1=True"
+        )
+    if trainer.v1.trainer_mode != TRAINER_MODE:
+        needs = f"stapo.mask={stapo.mask}" if stapo.active else "stapo.metrics=true"
+        raise StapoConfigError(
+            f"trainer.v1.trainer_mode={trainer.v1.trainer_mode!r}: {needs} needs trainer.v1.trainer_mode="
+            f"{TRAINER_MODE} (verl's stock trainers would silently skip it; set stapo.metrics=false for a stock run)"
+        )
+    if stapo.active and stapo.policy_source == "current" and not actor.calculate_entropy:
+        raise StapoConfigError(
+            "actor_rollout_ref.actor.calculate_entropy=False: stapo.policy_source=current needs the entropy of "
+            "π_θ in the update; set actor_rollout_ref.actor.calculate_entropy=True "
+            "(and actor_rollout_ref.actor.entropy_checkpointing=True to keep its memory low)"
+        )
+    old_mask = stapo.active and stapo.policy_source == "old" and stapo.quantile_scope == "mini_batch"
+    if old_mask and actor.ppo_epochs > 1 and actor.shuffle:
+        raise StapoConfigError(
+            "actor_rollout_ref.actor.shuffle=True with ppo_epochs>1 regroups the mini-batches every epoch, so no "
+            "single per-mini-batch mask exists; set actor_rollout_ref.actor.shuffle=False, ppo_epochs=1, "
+            "stapo.quantile_scope=batch or stapo.policy_source=current"
+        )
+    return stapo
+
+
+def check_installed() -> None:
+    """Stop with instructions unless the package is installed with its ``verl.plugins`` entry point."""
+    if not any(ep.name == PLUGIN_ENTRY_POINT for ep in entry_points(group="verl.plugins")):
+        raise RuntimeError(
+            "STAPO: the `stapo` package is importable but not installed, so verl's plugin loader and the Ray "
+            "workers will not find it. Run `pip install -e .` in the repository (on every node of a multi-node "
+            "cluster) or use docker/Dockerfile."
+        )
+
+
+def resolve_auto(config: DictConfig) -> tuple[str, bool]:
+    """Replace ``auto`` in ``actor_rollout_ref.model.override_config.attn_implementation`` and
+    ``actor_rollout_ref.model.use_fused_kernels`` by what this installation supports; returns both."""
+    model = config.actor_rollout_ref.model
+    implementation, fused = attention.resolve(
+        model.get("override_config", {}).get("attn_implementation", "flash_attention_2"), model.use_fused_kernels
+    )
+    with open_dict(model):
+        model.override_config["attn_implementation"] = implementation
+        model.use_fused_kernels = fused
+    return implementation, fused
+
+
+def environment_problems(config: DictConfig) -> list[str]:
+    """What in this environment would make the run fail or hang: GPUs, data files, model; one line each."""
+    return _gpu_problems(config) + _data_problems(config) + _model_problems(config) + resume_problems(config)
+
+
+def _gpu_problems(config: DictConfig) -> list[str]:
+    trainer = config.trainer
+    needed = trainer.n_gpus_per_node * trainer.nnodes
+    where = f"trainer.n_gpus_per_node={trainer.n_gpus_per_node} x trainer.nnodes={trainer.nnodes}"
+    address = os.environ.get("RAY_ADDRESS") or config.get("ray_kwargs", {}).get("ray_init", {}).get("address")
+    if address:
+        if address.startswith(("http://", "https://")):
+            return [
+                f"RAY_ADDRESS={address} is a dashboard address, for `ray job submit` (scripts/ray_job.sh); to run "
+                "this script against a running cluster set RAY_ADDRESS=HEAD_IP:6379 (or leave it unset for a "
+                "local run)"
+            ]
+        found = cluster_gpus(address)
+        if found is None:
+            return [
+                f"RAY_ADDRESS={address}: no Ray cluster answered within {CLUSTER_TIMEOUT_S} s; start it (`ray start "
+                "--head` on the head node, `ray start --address=HEAD_IP:6379` on the others) or unset RAY_ADDRESS "
+                "for a local run"
+            ]
+        if found < needed:
+            return [f"{where} needs {needed} GPUs; the Ray cluster at {address} has {found:g}: lower them or add nodes"]
+        return []
+    if trainer.nnodes > 1:
+        return [
+            f"trainer.nnodes={trainer.nnodes} needs a Ray cluster over those nodes: start one and set "
+            "RAY_ADDRESS=HEAD_IP:6379 (scripts/slurm.sbatch does both), or set trainer.nnodes=1"
+        ]
+    visible = local_gpus()
+    if visible < needed:
+        shown = os.environ.get("CUDA_VISIBLE_DEVICES")
+        return [
+            f"{where} needs {needed} GPUs; this machine has {visible} visible"
+            + (f" (CUDA_VISIBLE_DEVICES={shown})" if shown is not None else "")
+            + f": set trainer.n_gpus_per_node={visible} or run where the GPUs are"
+            + ("" if visible else " (the CPU-only quickstart: bash scripts/quickstart.sh)")
+        ]
+    return []
+
+
+def local_gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def cluster_gpus(address: str, timeout: float = CLUSTER_TIMEOUT_S) -> float | None:
+    """The GPUs of the Ray cluster at ``address``, asked from a separate process (so that this driver's own
+    ``ray.init`` later still applies the recipe's runtime environment); None if it does not answer in time."""
+    code = (
+        "import ray, sys; ray.init(address=sys.argv[1], logging_level='ERROR', log_to_driver=False); "
+        "print(ray.cluster_resources().get('GPU', 0))"
+    )
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", code, address], capture_output=True, text=True, timeout=timeout, check=True
+        )
+        return float(out.stdout.strip().splitlines()[-1])
+    except (subprocess.SubprocessError, ValueError, IndexError):
+        return None
+
+
+def _data_problems(config: DictConfig) -> list[str]:
+    data = config.data
+    columns = [data.get("prompt_key", "prompt"), data.get("reward_fn_key", "data_source"), *REQUIRED_COLUMNS]
+    found = []
+    for key, command in (("train_files", "train"), ("val_files", "eval")):
+        value = data.get(key)
+        for name in [value] if isinstance(value, str) else list(value or []):
+            if "://" in name:  # hdfs:// and other remote paths: verl copies them itself
+                continue
+            expected = f"a verl parquet from `python -m stapo.tools.data {command}` (or set data.{key}=PATH)"
+            try:
+                names = parquet_columns(Path(name).expanduser(), expected)
+            except DataFileError as error:
+                found.append(f"data.{key}: {error}")
+                continue
+            missing = [c for c in dict.fromkeys(columns) if c not in names]
+            if missing:
+                found.append(f"data.{key}: {name}: missing column(s) {', '.join(missing)}; expected {expected}")
+    return found
+
+
+def _model_problems(config: DictConfig) -> list[str]:
+    model = config.actor_rollout_ref.model
+    found = []
+    for key in ("path", "tokenizer_path"):
+        value = model.get(key)
+        if value is None:
+            continue
+        path = Path(str(value)).expanduser()
+        if path.exists():
+            if not (path / "config.json").is_file() and key == "path":
+                found.append(
+                    f"actor_rollout_ref.model.path={value}: no config.json in it; pass a Hugging Face model folder"
+                )
+        elif not _HUB_ID.fullmatch(str(value)):
+            found.append(
+                f"actor_rollout_ref.model.{key}={value}: no such folder, and not a Hugging Face hub id (ORG/NAME)"
+            )
+    return found
+
+
+def config_problems(config: DictConfig) -> list[str]:
+    """Attention settings that cannot work (after :func:`resolve_auto`); one line each."""
+    model = config.actor_rollout_ref.model
+    implementation = model.override_config.get("attn_implementation")
+    key = "actor_rollout_ref.model.override_config.attn_implementation"
+    found = []
+    if implementation == "flash_attention_2" and not attention.flash_attn_installed():
+        found.append(
+            f"{key}=flash_attention_2 but flash-attn is not installed: `pip install flash-attn --no-build-isolation` "
+            f"(needs the CUDA toolkit), or set {key}=auto"
+        )
+    if implementation == attention.NAME and not attention.varlen_supported():
+        found.append(f"{key}={attention.NAME} needs PyTorch >= 2.10 (torch.nn.attention.varlen); set {key}=auto")
+    if implementation == attention.NAME and not model.use_remove_padding:
+        found.append(
+            f"{key}={attention.NAME} runs packed sequences: set actor_rollout_ref.model.use_remove_padding=True"
+        )
+    for role in ("actor", "ref"):
+        sp = config.actor_rollout_ref[role].get("ulysses_sequence_parallel_size", 1)
+        if sp > 1 and implementation not in ("flash_attention_2", attention.NAME):
+            found.append(
+                f"actor_rollout_ref.{role}.ulysses_sequence_parallel_size={sp} with {key}={implementation}: verl's "
+                "Ulysses all-to-all runs inside flash_attention_2 (and this recipe's torch_varlen) only, so each GPU "
+                f"would attend within its slice of the sequence; set {key}=auto or ulysses_sequence_parallel_size=1"
+            )
+    return found
+
+
+def resume_problems(config: DictConfig) -> list[str]:
+    """Checkpoints verl 0.9.1 would resume from wrongly, or silently ignore and overwrite (it starts from step 0
+    when ``latest_checkpointed_iteration.txt`` is missing or names a missing folder); one line each."""
+    trainer = config.trainer
+    if trainer.get("max_actor_ckpt_to_keep") == 1:
+        return [
+            "trainer.max_actor_ckpt_to_keep=1: verl deletes the previous checkpoint before it writes the new one's "
+            "data.pt and tracker, so a kill in between leaves nothing to resume from; use 2 or more (or null)"
+        ]
+    mode = trainer.get("resume_mode", "auto")
+    if mode == "disable":
+        return []
+    if mode not in ("auto", "resume_path"):
+        return [f"trainer.resume_mode={mode!r}: use auto, disable or resume_path"]
+    root = Path(str(trainer.default_local_dir)).expanduser().absolute()  # relative to the working directory, as verl
+    if mode == "resume_path":
+        folder = Path(str(trainer.get("resume_from_path") or "")).expanduser().absolute()
+        if "global_step_" not in folder.name:
+            return [f"trainer.resume_from_path={trainer.get('resume_from_path')}: name a global_step_N folder"]
+    else:
+        tracker = root / TRACKER
+        if not tracker.is_file():
+            left = sorted(p.name for p in root.glob("global_step_*")) if root.is_dir() else []
+            if not left:
+                return []
+            return [
+                f"trainer.default_local_dir={root} holds {', '.join(left)} but no {TRACKER}, so verl would start from "
+                f"step 0 and overwrite them; write the step of a complete one into {tracker}, delete them, or set "
+                "trainer.resume_mode=disable"
+            ]
+        text = tracker.read_text().strip()
+        if not text.isdigit():
+            return [f"{tracker}: {text!r} is not a step number; write the step of the newest complete global_step_N"]
+        folder = root / f"global_step_{int(text)}"
+        if not folder.is_dir():
+            return [
+                f"{tracker} names step {text} but {folder} does not exist: verl would start from step 0 and overwrite "
+                "the run's checkpoints; restore the folder or fix the tracker"
+            ]
+    world = trainer.n_gpus_per_node * trainer.nnodes
+    actor = folder / "actor"
+    needed = [actor / f"{kind}_world_size_{world}_rank_{rank}.pt" for kind in ("model", "optim", "extra_state")
+              for rank in range(world)] + [actor / "fsdp_config.json", folder / "data.pt"]  # fmt: skip
+    missing = [p for p in needed if not p.is_file() or p.stat().st_size == 0]
+    if missing:
+        saved = sorted({p.name.split("_rank_")[0] for p in actor.glob("model_world_size_*_rank_*.pt")})
+        changed = saved and f"model_world_size_{world}" not in saved
+        hint = f" (it was saved as {', '.join(saved)}: the GPU count changed)" if changed else ""
+        return [
+            f"checkpoint {folder} is incomplete for {world} GPUs: {len(missing)} file(s) missing or empty, e.g. "
+            f"{missing[0].relative_to(folder)}{hint}; resume from an earlier global_step_N (write its N into the "
+            f"tracker) or set trainer.resume_mode=disable"
+        ]
+    return []

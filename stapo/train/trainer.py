@@ -1,0 +1,240 @@
+"""verl V1 trainer mode ``stapo_sync``: verl's synchronous PPO trainer plus the STAPO (or 20-Entropy) mask.
+
+Every recipe config selects it (``trainer.v1.trainer_mode=stapo_sync``). verl 0.9.1 takes its asynchronous code
+paths (replay buffer, one-prompt dataloader fetches, TransferQueue in checkpoints) for any trainer mode not named
+``sync``, so this trainer declares itself ``sync`` to verl's base class. Two additions to ``PPOTrainerSync``, and a
+resume check:
+
+1. after the workers are built, the actor workers' loss becomes :func:`stapo.train.loss.stapo_loss` (verl's
+   ``ppo_loss`` plus the mask of ``policy_source: current`` and an empty-mini-batch guard);
+2. right before the actor update, the driver reads the old-policy log-probs and entropies verl already stored in
+   TransferQueue and, with ``policy_source: old``, builds the mask with one quantile per PPO mini-batch exactly as
+   the workers will split the batch (:func:`stapo.batch_mask.mask_for_update`). The mask is folded into
+   ``response_mask`` (what ``ppo_loss`` averages over) and ``loss_mask`` (what verl's engine counts for the
+   ``token-mean`` denominator) for the update only; the originals are put back afterwards, so advantages, data
+   metrics and logs see the rollout unchanged. verl divides by the global count of ``loss_mask`` per mini-batch, so
+   the loss is renormalised over the kept tokens exactly (STAPO objective, 1 / Σ I). With ``stapo.metrics`` the
+   S2T rule is also evaluated for runs that apply no S2T mask, with the paper's gradient-norm bound (``s2t/*``).
+
+The driver's own cost is timed every step: ``timing_s/stapo_mask`` and ``timing_s/stapo_restore``. After a resume,
+the restored dataloader must stand where the checkpoint's step left it (:func:`resume_position_problem`).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+
+import torch
+import transfer_queue as tq
+from tensordict import TensorDict
+from transfer_queue import KVBatchMeta
+from verl.trainer.ppo.v1.trainer_base import register_trainer
+from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+from verl.utils import tensordict_utils as tu
+from verl.utils.config import omega_conf_to_dataclass
+
+from stapo.batch_mask import mask_for_update
+from stapo.config import TRAINER_MODE
+from stapo.train import audit
+from stapo.train.loss import stapo_loss
+from stapo.train.metrics import mask_metrics, s2t_metrics
+from stapo.train.preflight import validate_training_config
+
+MASK_INPUTS = ["old_log_probs", "entropy", "advantages", "response_mask", "loss_mask"]
+MASK_FIELDS = ("response_mask", "loss_mask")
+"""verl's ``ppo_loss`` masks with ``response_mask``; the engine counts the denominator from ``loss_mask`` (a copy
+the V1 agent loop stores): the mask is folded into both, or into ``response_mask`` only when the denominator is all
+response tokens (``stapo.top_entropy_norm: all``)."""
+
+
+def minibatch_rows(batch_size: int, dp_size: int, mini_batch_size: int, shuffle: bool, seed: int) -> list[torch.Tensor]:
+    """Row indices of each PPO mini-batch of one epoch, as verl 0.9.1 forms them.
+
+    The driver hands rank r the contiguous chunk r of the batch (``KVBatchMeta.chunk``); each rank then iterates
+    its chunk with ``verl.utils.tensordict_utils.make_iterator`` (``mini_batch_size / dp_size`` rows, seed
+    ``seed + r``), and mini-batch j of the update is the union over ranks of their j-th local slice. The same
+    iterator is run here on row numbers, so shuffling follows verl's own code.
+    """
+    if batch_size % dp_size or mini_batch_size % dp_size:
+        raise ValueError(f"batch ({batch_size}) and mini-batch ({mini_batch_size}) must divide by dp size {dp_size}")
+    local = batch_size // dp_size
+    per_rank = []
+    for rank in range(dp_size):
+        rows = TensorDict({"row": torch.arange(rank * local, (rank + 1) * local)}, batch_size=[local])
+        it = tu.make_iterator(
+            rows,
+            mini_batch_size=mini_batch_size // dp_size,
+            epochs=1,
+            seed=seed + rank,
+            dataloader_kwargs={"shuffle": shuffle},
+        )
+        per_rank.append([mb["row"] for mb in it])
+    return [torch.cat(parts) for parts in zip(*per_rank, strict=True)]
+
+
+def fold(mask: torch.Tensor, silenced: torch.Tensor) -> torch.Tensor:
+    """A copy of the jagged ``mask`` with the ``silenced`` tokens (a bool tensor over its values) set to 0."""
+    return torch.nested.nested_tensor_from_jagged(mask.values().masked_fill(silenced, 0), mask.offsets())
+
+
+def resume_position_problem(state: dict | None, global_steps: int, steps_per_epoch: int, batch_size: int) -> str | None:
+    """Why a resumed run at ``global_steps`` would not continue the prompt stream where the checkpoint left it, from
+    the dataloader state verl restored (``StatefulDataLoader.state_dict()`` of ``data.pt``); None if it does."""
+    if state is None:
+        return (
+            f"resumed at step {global_steps} without the checkpoint's data.pt: verl would restart the prompt stream "
+            "from the first batch of epoch 0; restore data.pt or set trainer.resume_mode=disable"
+        )
+    main = state.get("_snapshot", {}).get("_main_snapshot", state)  # with and without dataloader workers
+    yielded = (main.get("_sampler_iter_state") or {}).get("samples_yielded")
+    expected = ((global_steps - 1) % steps_per_epoch + 1) * batch_size
+    if yielded is not None and yielded != expected:
+        return (
+            f"the data.pt of step {global_steps} has yielded {yielded} prompts of the current epoch; with "
+            f"{steps_per_epoch} steps of {batch_size} prompts per epoch it should be {expected}: the training set or "
+            "data.train_batch_size changed since that checkpoint; restore them or start a new run"
+        )
+    return None
+
+
+@register_trainer(TRAINER_MODE)
+class STAPOTrainer(PPOTrainerSync):
+    """``PPOTrainerSync`` with the STAPO mask; see the module docstring."""
+
+    def __init__(self, config):
+        self.stapo = validate_training_config(config)
+        super().__init__(config)
+
+    def _build_replay_buffer(self):
+        self.trainer_mode = "sync"  # verl 0.9.1 tests for the literal name (module docstring)
+        return super()._build_replay_buffer()
+
+    def _load_checkpoint(self):
+        super()._load_checkpoint()
+        if self.global_steps:
+            problem = resume_position_problem(
+                self.train_dataloader.next_iter_state,
+                self.global_steps,
+                len(self.train_dataloader),
+                self.config.data.train_batch_size,
+            )
+            if problem:
+                raise RuntimeError(f"STAPO resume check: {problem}")
+
+    def _setup(self):
+        super()._setup()
+        if not self.stapo.active:
+            return
+        actor_config = omega_conf_to_dataclass(self.config.actor_rollout_ref.actor)
+        try:
+            self.actor_rollout_wg.set_loss_fn(functools.partial(stapo_loss, config=actor_config, stapo=self.stapo))
+        except Exception as err:  # Ray wraps the worker's unpickling error
+            raise RuntimeError(
+                "STAPO: the actor workers could not load the STAPO loss (stapo.train.loss.stapo_loss). The `stapo` "
+                "package must be importable in every Ray worker: `pip install` this repository on every node (or use "
+                "docker/Dockerfile), and keep ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES="
+                f"stapo.train.plugin from the recipe's configs. Worker error: {err}"
+            ) from err
+
+    def _update_actor(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
+        stapo = self.stapo
+        on_driver = stapo.active and stapo.policy_source == "old"
+        if not (on_driver or stapo.metrics):
+            return self._update_on_workers(batch, metrics)
+
+        start = time.perf_counter()
+        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=MASK_INPUTS)
+        inputs = [data[k] for k in MASK_INPUTS[:4]]
+        groups = self._mask_groups(len(batch))
+        observed = None
+        if stapo.metrics:  # the S2T rule at π_old, applied or not, with the gradient-norm bounds
+            silenced, observed = mask_for_update("s2t", *inputs, groups, tau_p=stapo.tau_p, q=stapo.q, grad_bound=True)
+            metrics.update(s2t_metrics(observed))
+        if not on_driver:
+            mask_seconds = time.perf_counter() - start
+            batch = self._update_on_workers(batch, metrics)
+            metrics["timing_s/stapo_mask"] = mask_seconds
+            return batch
+
+        if stapo.mask != "s2t" or observed is None:
+            silenced, stats = mask_for_update(
+                stapo.mask,
+                *inputs,
+                groups,
+                tau_p=stapo.tau_p,
+                q=stapo.q,
+                top_entropy_ratio=stapo.top_entropy_ratio,
+            )
+        else:
+            stats = observed
+        fields = MASK_FIELDS if stapo.mask == "s2t" or stapo.top_entropy_norm == "selected" else MASK_FIELDS[:1]
+        originals = data.select(*fields)
+        folded = TensorDict({name: fold(originals[name], silenced) for name in fields}, batch_size=len(batch))
+        self._put_masks(batch, folded)
+        mask_seconds = time.perf_counter() - start
+        if audit.enabled():
+            during = self._mask_tokens(batch)
+        try:
+            batch = self._update_on_workers(batch, metrics)
+        finally:
+            start = time.perf_counter()
+            self._put_masks(batch, originals)
+        metrics.update(mask_metrics(stats))
+        # the driver's whole cost (inside verl's timing_s/update_actor): read the inputs from TransferQueue, build
+        # the mask (and the s2t/* metrics), write the folded masks; then write the original masks back
+        metrics.update({"timing_s/stapo_mask": mask_seconds, "timing_s/stapo_restore": time.perf_counter() - start})
+        if audit.enabled():
+            audit.write(
+                "driver",
+                {
+                    "step": self.global_steps,
+                    "masked_tokens": stats["masked"],
+                    "response_tokens": int(data["response_mask"].values().sum()),
+                    "loss_tokens": int(data["loss_mask"].values().sum()),
+                    "folded": list(fields),
+                    "during_update": during,
+                    "after_update": self._mask_tokens(batch),
+                },
+            )
+        return batch
+
+    def _update_on_workers(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
+        """verl's actor update; with ``policy_source: current`` the workers' mask metrics come back as
+        ``actor/stapo/*``, their counts summed per mini-batch and then averaged over the step's mini-batches by
+        verl: they are reported like the driver's, per step."""
+        batch = super()._update_actor(batch, metrics)
+        if self.stapo.active and self.stapo.policy_source == "current":
+            actor = self.config.actor_rollout_ref.actor
+            minibatches = len(batch) // (actor.ppo_mini_batch_size * self.config.actor_rollout_ref.rollout.n)
+            for key in [k for k in metrics if k.startswith("actor/stapo/")]:
+                value = metrics.pop(key)
+                metrics[key.removeprefix("actor/")] = (
+                    value * minibatches * actor.ppo_epochs if key.endswith("_tokens") else value
+                )
+        return batch
+
+    @staticmethod
+    def _mask_tokens(batch: KVBatchMeta) -> dict[str, int]:
+        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=list(MASK_FIELDS))
+        return {name: int(data[name].values().sum()) for name in MASK_FIELDS}
+
+    def _mask_groups(self, batch_size: int) -> list[torch.Tensor] | None:
+        """The rows of each PPO mini-batch of this update (``None`` = the whole batch, ``quantile_scope: batch``)."""
+        if self.stapo.quantile_scope == "batch":
+            return None
+        actor = self.config.actor_rollout_ref.actor
+        wg = self.actor_rollout_wg
+        if "actor" not in wg._dispatch_info:
+            wg._dispatch_info["actor"] = wg._query_dispatch_info("actor")
+        return minibatch_rows(
+            batch_size,
+            dp_size=max(wg._dispatch_info["actor"]) + 1,
+            mini_batch_size=actor.ppo_mini_batch_size * self.config.actor_rollout_ref.rollout.n,
+            shuffle=actor.shuffle,
+            seed=actor.data_loader_seed,
+        )
+
+    @staticmethod
+    def _put_masks(batch: KVBatchMeta, masks: TensorDict) -> None:
+        tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=masks)
