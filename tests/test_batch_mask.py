@@ -71,7 +71,9 @@ def test_engine_equals_the_reference_per_group(seed, method, dtype):
         for key, value in totals.items():
             assert stats[key] == value, (layout, key)
         finite = [t for t in thresholds if not math.isnan(t)]
-        assert stats["entropy_threshold"] == pytest.approx(sum(finite) / len(finite) if finite else math.nan, nan_ok=True)
+        assert stats["entropy_threshold"] == pytest.approx(
+            sum(finite) / len(finite) if finite else math.nan, nan_ok=True
+        )
         if method == "s2t":
             for key, value in sums.items():
                 assert stats[f"bound_{key}"] == pytest.approx(value, rel=1e-5, abs=1e-9), (layout, key)

@@ -149,5 +149,7 @@ def test_grad_norm_bound_against_autograd(vocab):
         assert bound.dtype == torch.float32 and bound.shape == (64,)
         assert torch.all(bound.double() <= exact * (1 + 1e-5) + 1e-6)
     # equality for a flat distribution, where Σπ² = e^{-H} = 1/V
-    bound = grad_norm_lower_bound(torch.tensor([-math.log(vocab)]), torch.tensor([math.log(vocab)]), torch.tensor([2.0]))
+    bound = grad_norm_lower_bound(
+        torch.tensor([-math.log(vocab)]), torch.tensor([math.log(vocab)]), torch.tensor([2.0])
+    )
     assert bound.item() == pytest.approx(4 * (1 - 2 / vocab + 1 / vocab), rel=1e-5)

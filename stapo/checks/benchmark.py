@@ -311,7 +311,7 @@ def bench_gpu(args) -> dict:
                 "actor_rollout_ref.actor.optim.lr": 1e-6,
             }
         )
-    cmd = [sys.executable, "-m", "stapo.train", *config, *replace_overrides(run, changes)]
+    cmd = [sys.executable, "-m", "stapo.train", *config, *replace_overrides(run, changes), *args.overrides]
     env = {**os.environ, "VERL_FILE_LOGGER_PATH": str(out / "metrics.jsonl"), "STAPO_BENCH": "1"}
     start = time.time()
     with open(out / "train.log", "w") as log:
@@ -370,6 +370,7 @@ def main() -> None:
     gpu.add_argument("--cycles", type=int, default=6, help="rounds of the three methods; the first is warm-up")
     gpu.add_argument("--prompts", type=int, default=16, help="prompts per step")
     gpu.add_argument("--response-length", type=int, default=64)
+    gpu.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="further Hydra overrides of the run")
     args = parser.parse_args()
     if args.what == "mask":
         result = bench_mask(args.responses, args.length, args.repeats)

@@ -60,7 +60,10 @@ def run(config: DictConfig) -> None:
 
 def usage() -> str:
     """What ``--help`` prints: the recipe's own options, not verl's 1,100-line config."""
-    knobs = "\n".join(f"  stapo.{f.name}={f.default!s:<11} {f.metadata['help']}" for f in fields(StapoConfig))
+    settings = [
+        (f"stapo.{f.name}={str(f.default).lower() if f.type == 'bool' else f.default}", f) for f in fields(StapoConfig)
+    ]
+    knobs = "\n".join(f"  {setting:<34} {f.metadata['help']}" for setting, f in settings)
     return (
         "usage: python -m stapo.train --config-name METHOD [size=SIZE] [KEY=VALUE ...]\n"
         "       bash scripts/train.sh METHOD SIZE [KEY=VALUE ...]\n\n"
@@ -80,8 +83,23 @@ def _hydra_main(config: DictConfig) -> None:
         raise SystemExit("\n".join(f"error: {line}" for line in str(error).splitlines())) from None
 
 
+def check_names(argv: list[str]) -> None:
+    """Stop with one line when the method (``--config-name``) or ``size=`` names no config file."""
+    values = {"method": "stapo", "size": None}
+    for i, arg in enumerate(argv):
+        if arg.startswith("--config-name"):
+            values["method"] = arg.partition("=")[2] or (argv[i + 1] if i + 1 < len(argv) else "")
+        elif arg.startswith("size="):
+            values["size"] = arg.partition("=")[2]
+    for kind, allowed in (("method", methods()), ("size", sizes())):
+        if values[kind] is not None and values[kind] not in allowed:
+            print(f"error: unknown {kind} '{values[kind]}'; choose one of: {', '.join(allowed)}", file=sys.stderr)
+            raise SystemExit(2)
+
+
 def main() -> None:
     if any(arg in ("-h", "--help") for arg in sys.argv[1:]):
         print(usage())
         return
+    check_names(sys.argv[1:])
     _hydra_main()

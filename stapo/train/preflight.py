@@ -121,13 +121,17 @@ def _gpu_problems(config: DictConfig) -> list[str]:
             "RAY_ADDRESS=HEAD_IP:6379 (scripts/slurm.sbatch does both), or set trainer.nnodes=1"
         ]
     visible = local_gpus()
+    if visible == 0:
+        return [
+            f"{where} needs {needed} GPUs; this machine has none visible (torch.cuda.device_count() is 0): run on a "
+            "GPU node or submit to a Ray cluster with RAY_ADDRESS; without GPUs, try bash scripts/quickstart.sh"
+        ]
     if visible < needed:
         shown = os.environ.get("CUDA_VISIBLE_DEVICES")
         return [
             f"{where} needs {needed} GPUs; this machine has {visible} visible"
             + (f" (CUDA_VISIBLE_DEVICES={shown})" if shown is not None else "")
             + f": set trainer.n_gpus_per_node={visible} or run where the GPUs are"
-            + ("" if visible else " (the CPU-only quickstart: bash scripts/quickstart.sh)")
         ]
     return []
 
