@@ -1,12 +1,43 @@
 #!/usr/bin/env bash
-# Submit a training run to a running Ray cluster (every node must have this package installed, e.g. the
-# docker/Dockerfile image). RAY_ADDRESS defaults to the local head's dashboard.
+# Submit a training run to a running Ray cluster, from any machine that reaches its dashboard (port 8265).
 #   RAY_ADDRESS=http://HEAD_IP:8265 bash scripts/ray_job.sh METHOD SIZE [HYDRA_OVERRIDE ...]
+# The job runs `python3 -m stapo.train` on the head, so every node needs this package installed (pip install -e .,
+# or the docker/Dockerfile image), not this checkout; relative paths in overrides resolve on the head.
+# Auth: a head started with RAY_AUTH_MODE=disabled needs nothing here; one that uses Ray's token auth needs
+# RAY_AUTH_MODE=token here too, with the same token (~/.ray/auth_token, RAY_AUTH_TOKEN_PATH or RAY_AUTH_TOKEN).
 set -euo pipefail
-usage="usage: bash scripts/ray_job.sh METHOD SIZE [override ...]  (see scripts/train.sh)"
-method=${1:?$usage}
-size=${2:?$usage}
+configs=$(dirname "$0")/../configs
+names() { ls "$1" | sed -n 's/\.yaml$//p' | grep -vx base | paste -sd'|'; }  # config files -> a|b|c
+usage="usage: RAY_ADDRESS=http://HEAD_IP:8265 bash scripts/ray_job.sh METHOD SIZE [override ...]  \
+(METHOD: $(names "$configs"); SIZE: $(names "$configs/size"); see python3 -m stapo.train --help)"
+case ${1-} in -h|--help) echo "$usage"; exit 0 ;; esac
+if [ $# -lt 2 ] || [ "$1" = base ] || [ ! -f "$configs/$1.yaml" ] || [ ! -f "$configs/size/$2.yaml" ]; then
+  echo "$usage" >&2; exit 2
+fi
+method=$1 size=$2
 shift 2
-exec ray job submit --address="${RAY_ADDRESS:-http://127.0.0.1:8265}" \
+if [ -z "${RAY_ADDRESS-}" ]; then
+  echo "error: RAY_ADDRESS is not set: set RAY_ADDRESS=http://HEAD:8265, the dashboard address of the Ray cluster" >&2
+  exit 2
+fi
+# Check the dashboard first: `ray job submit` answers a wrong or dead address with a long urllib3 traceback.
+python3 - "$RAY_ADDRESS" <<'EOF' || exit 2
+import os, sys, urllib.error, urllib.request
+address = sys.argv[1]
+hint = "RAY_ADDRESS must be the dashboard address of a running Ray cluster, http://HEAD:8265"
+if not address.startswith(("http://", "https://")):
+    sys.exit(f"error: RAY_ADDRESS={address}: {hint}")
+try:
+    urllib.request.urlopen(address.rstrip("/") + "/api/version", timeout=10)
+except urllib.error.HTTPError as error:
+    if error.code in (401, 403) and os.environ.get("RAY_AUTH_MODE") != "token":
+        sys.exit(f"error: the Ray cluster at {address} uses token auth: export RAY_AUTH_MODE=token and its token "
+                 "(~/.ray/auth_token or RAY_AUTH_TOKEN)")
+    if error.code not in (401, 403):
+        sys.exit(f"error: RAY_ADDRESS={address} answered HTTP {error.code}, not a Ray dashboard: {hint}")
+except Exception as error:
+    sys.exit(f"error: no Ray dashboard answers at RAY_ADDRESS={address} ({getattr(error, 'reason', error)}): {hint}")
+EOF
+exec ray job submit --address="$RAY_ADDRESS" \
   --runtime-env-json='{"env_vars": {"VERL_USE_EXTERNAL_MODULES": "stapo.train.plugin"}}' \
-  -- bash scripts/train.sh "$method" "$size" "$@"
+  -- python3 -m stapo.train --config-name="$method" size="$size" "$@"

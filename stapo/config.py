@@ -1,6 +1,7 @@
 """The ``stapo:`` block of a training config: one typed dataclass, the single home of the method's defaults and
 allowed ranges, in verl's config style (``_target_: stapo.config.StapoConfig`` in the YAML, so that
-``hydra.utils.instantiate`` builds it; ``Literal`` fields; checks in ``__post_init__``). Also the recipe's Hydra config folder and the method and size names it defines.
+``hydra.utils.instantiate`` builds it; ``Literal`` fields; checks in ``__post_init__``). Also the recipe's Hydra config
+folder and the method and size names it defines.
 
 Every error names the key, the value found and what is allowed, so that a bad YAML edit or override stops on the
 driver in seconds, before Ray, vLLM and FSDP start.

@@ -32,9 +32,8 @@ def sdpa_per_sequence(q, k, v, cu_q, cu_k, max_q, max_k, *, scale=None, window_s
 
 @pytest.fixture
 def tiny_qwen(monkeypatch):
-    from transformers import AutoModelForCausalLM, Qwen3Config
-
     import torch.nn.attention.varlen as varlen
+    from transformers import AutoModelForCausalLM, Qwen3Config
 
     monkeypatch.setattr(varlen, "varlen_attn", sdpa_per_sequence)
     attention.register()

@@ -131,8 +131,8 @@ def test_top_entropy_keeps_top_ratio():
 
 @pytest.mark.parametrize("vocab", [2, 17, 1000])
 def test_grad_norm_bound_against_autograd(vocab):
-    """The paper's Theorem "Policy Gradient Norm Bounds": ‖∇_a (w · log π(y))‖² = w²(1 − 2π + Σπ²) ≥ w²(1 − 2π + e^{−H}),
-    checked with autograd on random logits (peaked and flat), sampled tokens and advantages."""
+    """The paper's Theorem "Policy Gradient Norm Bounds": ‖∇_a (w · log π(y))‖² = w²(1 − 2π + Σπ²)
+    ≥ w²(1 − 2π + e^{−H}), checked with autograd on random logits (peaked and flat), sampled tokens and advantages."""
     gen = torch.Generator().manual_seed(vocab)
     for scale in (0.1, 1.0, 8.0):
         logits = (scale * torch.randn(64, vocab, generator=gen, dtype=torch.float64)).requires_grad_()

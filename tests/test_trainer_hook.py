@@ -317,3 +317,25 @@ def test_resume_position_check_on_a_real_dataloader():
         assert resume_position_problem(state, step, steps_per_epoch, 4) is None, step
     assert "it should be 12" in resume_position_problem(state, 13, steps_per_epoch, 4)  # one step off
     assert "without the checkpoint's data.pt" in resume_position_problem(None, 12, steps_per_epoch, 4)
+
+
+def test_a_resumed_run_keeps_the_file_loggers_earlier_steps(tmp_path, monkeypatch):
+    """verl's FileLogger truncates its file when a run starts; the trainer sets the old one aside first and
+    read_metrics reads the parts as one run (a later value of a step wins)."""
+    from verl.utils.tracking import FileLogger
+
+    from stapo.tools.report import read_metrics
+
+    path = tmp_path / "metrics.jsonl"
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(path))
+    first = FileLogger("p", "e")
+    for step in (1, 2, 3):
+        first.log({"stapo/masked_frac": step / 10}, step)  # killed during step 3, after its metrics
+    first.finish()
+    STAPOTrainer(compose('trainer.logger=["console","file"]'))  # the resumed run, from global_step_2
+    second = FileLogger("p", "e")
+    for step in (3, 4):
+        second.log({"stapo/masked_frac": step / 100}, step)
+    second.finish()
+    assert (tmp_path / "metrics.1.jsonl").is_file()
+    assert read_metrics(path)["stapo/masked_frac"] == {1: 0.1, 2: 0.2, 3: 0.03, 4: 0.04}

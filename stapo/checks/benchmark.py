@@ -44,6 +44,7 @@ import torch
 
 PHASES = ("justrl", "stapo_old", "stapo_current")
 TRAINER_MODE = "stapo_bench"
+PLUGINS = "stapo.train.plugin,stapo.checks.benchmark"  # the bench trainer mode registers in every Ray process
 ACTOR_VARIANTS = (
     ("sdpa", True, False),  # what a run without flash-attn used before the recipe chose: packed sdpa, verl's loop
     ("torch_varlen", True, False),
@@ -286,12 +287,23 @@ def bench_gpu(args) -> dict:
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     shape = QWEN3_SHAPES.get(args.model, {})
-    model, data = build_assets(out, tokenizer=args.tokenizer, device="cuda" if shape else None, **shape)
+    if shape:  # built on the GPU by another process: this driver must hold no GPU memory during the run
+        if args.tokenizer is None:
+            raise SystemExit("--model with a Qwen3 shape needs --tokenizer (Qwen's vocabulary: stapo.quickstart.tiny)")
+        model = out / "model"
+        subprocess.run(
+            [sys.executable, "-m", "stapo.checks.scale", "model", "--shape", args.model, "--tokenizer",
+             str(args.tokenizer), "--out", str(model), "--device", "cuda"], check=True,
+        )  # fmt: skip
+        data = build_assets(out, tokenizer=args.tokenizer, build=False)[1]
+    else:
+        model, data = build_assets(out, tokenizer=args.tokenizer)
     steps = args.cycles * len(PHASES)
     changes = {
         "stapo.mask": "none",
+        "stapo.metrics": "false",  # each phase sets its own (PHASES); the bench mode is not stapo_sync
         "trainer.v1.trainer_mode": TRAINER_MODE,
-        "ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES": "'stapo.train.plugin,stapo.checks.benchmark'",
+        "ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES": f"'{PLUGINS}'",
         "+ray_kwargs.ray_init.runtime_env.env_vars.STAPO_BENCH": "'1'",  # env vars must be strings
         "actor_rollout_ref.actor.entropy_checkpointing": True,
     }

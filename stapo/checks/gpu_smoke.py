@@ -39,9 +39,9 @@ def smoke_reward(data_source, solution_str, ground_truth, extra_info=None, **kwa
     return sum(c.isdigit() for c in solution_str) / max(len(solution_str), 1)
 
 
-def build_assets(out: Path, tokenizer: Path | None = None, **shape) -> tuple[Path, Path]:
+def build_assets(out: Path, tokenizer: Path | None = None, build: bool = True, **shape) -> tuple[Path, Path]:
     """A random Qwen3 (``shape``: Qwen3Config fields) with a BPE trained on the prompts, or with the tokenizer
-    saved in ``tokenizer``; and a parquet of 256 prompts."""
+    saved in ``tokenizer`` (``build=False``: the model is made elsewhere); and a parquet of 256 prompts."""
     import pandas as pd
     from transformers import AutoTokenizer
 
@@ -50,8 +50,9 @@ def build_assets(out: Path, tokenizer: Path | None = None, **shape) -> tuple[Pat
     problems = [f"Compute {a} * {b} + {a + b}." for a in range(2, 40) for b in range(3, 30)]
     texts = [p + f" The answer is \\boxed{{{i}}}." for i, p in enumerate(problems)]
     model_dir = out / "model"
-    tok = AutoTokenizer.from_pretrained(tokenizer) if tokenizer else build_tokenizer(texts, model_dir)
-    build_model(tok, model_dir, **shape)
+    if build:
+        tok = AutoTokenizer.from_pretrained(tokenizer) if tokenizer else build_tokenizer(texts, model_dir)
+        build_model(tok, model_dir, **shape)
     rows = [
         {
             "data_source": "smoke",

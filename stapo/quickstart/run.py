@@ -4,15 +4,16 @@
     python -m stapo.quickstart gpu --out DIR [options]
 
 Both build the synthetic task (:mod:`stapo.quickstart.task`), a tiny Qwen3 and its tokenizer
-(:mod:`stapo.quickstart.tiny`), and warm the model up with a short supervised pass (plain torch, loss on the worked answers only) so that it solves a fraction of
-the problems; accuracy is then measured by sampling at temperature 1.0 with transformers.
+(:mod:`stapo.quickstart.tiny`), and warm the model up with a short supervised pass (plain torch, loss on the worked
+answers only) so that it solves a fraction of the problems; accuracy is then measured by sampling at temperature 1.0
+with transformers.
 
 ``gpu`` (one GPU) then trains JustRL and STAPO from the warmed-up model for the same small budget through the real
-trainer (``python -m stapo.train``: verl V1, vLLM, FSDP), evaluates the three models with ``python -m stapo.tools.evaluate``,
-prints a before/after table and the S2T statistics of the STAPO run, and plots the curves (``python -m stapo.tools.report
-plot``). ``cpu`` cannot run verl's trainer; instead it shows the S2T mask on the warmed-up model's own rollouts: a
-few samples per problem, graded, GRPO advantages per problem, per-token probabilities and entropies, and the tokens
-:func:`stapo.s2t.s2t_mask` silences. docs/quickstart.md walks through the output.
+trainer (``python -m stapo.train``: verl V1, vLLM, FSDP), evaluates the three models with
+``python -m stapo.tools.evaluate``, prints a before/after table and the S2T statistics of the STAPO run, and plots the
+curves (``python -m stapo.tools.report plot``). ``cpu`` cannot run verl's trainer; instead it shows the S2T mask on
+the warmed-up model's own rollouts: a few samples per problem, graded, GRPO advantages per problem, per-token
+probabilities and entropies, and the tokens :func:`stapo.s2t.s2t_mask` silences. docs/quickstart.md walks through the output.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ samples its tokens from a 512-token vocabulary with high confidence, and a quick
 tokens: at 0.002, and often at 0.02, no token of a positive-advantage response is a candidate. At 0.1 a handful are,
 typically a wrong intermediate number in a response whose final answer is right: the paper's spurious tokens."""
 EVAL_NAME = "arith"
-"""Benchmark name of the task's validation split for ``python -m stapo.tools.evaluate`` (``eval_data/arith.parquet``)."""
+"""Benchmark name of the task's validation split for ``stapo.tools.evaluate`` (``eval_data/arith.parquet``)."""
 MAX_NEW_TOKENS = 48
 """Response budget: a worked solution is about 25 tokens of the tiny tokenizer."""
 PROMPTS, ROLLOUTS = 64, 8
@@ -67,7 +68,8 @@ def build(out: Path, seed: int, n_train: int, n_val: int, hidden_size: int, num_
 
 
 def render_prompt(tokenizer, problem: task.ArithProblem) -> str:
-    """The prompt as verl renders it: the chat template over :func:`stapo.tools.data.make_prompt`, generation prompt on."""
+    """The prompt as verl renders it: the chat template over :func:`stapo.tools.data.make_prompt`, generation prompt
+    on."""
     return tokenizer.apply_chat_template(make_prompt(problem.question), add_generation_prompt=True, tokenize=False)
 
 
@@ -177,8 +179,8 @@ def run_cpu(args: argparse.Namespace, model, tokenizer, problems, responses, sco
 
 # ---------------------------------------------------------------------------------------------------- GPU path
 def train_overrides(method: str, model: Path, paths: dict[str, Path], steps: int, out: Path, tau_p: float) -> list:
-    """Hydra overrides of one quickstart run: the tiny-model run of :func:`stapo.quickstart.tiny.tiny_run_overrides` with the
-    recipe's reward, validation on the task's validation split and a Hugging Face checkpoint at the end.
+    """Hydra overrides of one quickstart run: the tiny-model run of :func:`stapo.quickstart.tiny.tiny_run_overrides`
+    with the recipe's reward, validation on the task's validation split and a Hugging Face checkpoint at the end.
 
     Steps are few and large (:data:`PROMPTS` x :data:`ROLLOUTS` responses, four PPO mini-batches of one micro-batch
     each): each verl run spends minutes starting Ray, vLLM and FSDP, while a step of the tiny model costs seconds
@@ -218,8 +220,8 @@ def call(cmd: list, log: Path, **env: str) -> None:
 
 
 def s2t_totals(metrics: dict[str, dict[int, float]]) -> tuple[int, float, float]:
-    """(steps, candidate tokens, masked tokens) summed over the steps of a run's metrics (``stapo.tools.report.read_metrics``
-    output) that logged the S2T counts."""
+    """(steps, candidate tokens, masked tokens) summed over the steps of a run's metrics
+    (``stapo.tools.report.read_metrics`` output) that logged the S2T counts."""
     candidates, masked = (metrics.get(f"stapo/{k}_tokens", {}) for k in ("candidate", "masked"))
     return len(candidates), sum(candidates.values()), sum(masked.values())
 

@@ -1,8 +1,8 @@
 """A synthetic math task that ships with the package, for the quickstart: ``a + b * c`` with small integers.
 
 Every problem has a short worked solution ending in ``\\boxed{N}`` (what the warm-up imitates) and an integer
-answer graded by :mod:`stapo.tools.reward`. Problems are distinct triples ``(a, b, c)``, shuffled by the seed and cut into
-disjoint train and validation splits, and written in the same verl parquet schema and prompt template as the real
+answer graded by :mod:`stapo.tools.reward`. Problems are distinct triples ``(a, b, c)``, shuffled by the seed and cut
+into disjoint train and validation splits, and written in the same verl parquet schema and prompt template as the real
 data (:func:`stapo.tools.data.make_prompt`, :func:`stapo.tools.data.write_parquet`).
 """
 

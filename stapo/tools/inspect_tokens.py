@@ -1,7 +1,7 @@
 """Spurious-token inspector: the tokens of given rollouts that the S2T mask silences, in the paper's appendix form.
 
-    python -m stapo.tools.inspect_tokens --model DIR --rollouts FILE [FILE ...] [--tau-p 0.002] [--q 0.75] [--max-samples N]
-                            [--context 20] [--top-k 5] [--show 50] [--out FILE.jsonl]
+    python -m stapo.tools.inspect_tokens --model DIR --rollouts FILE [FILE ...] [--tau-p 0.002] [--q 0.75]
+                                         [--max-samples N] [--context 20] [--top-k 5] [--show 50] [--out FILE.jsonl]
 
 Rollouts are verl's rollout dumps (``trainer.rollout_data_dir``: one ``<step>.jsonl`` per step, lines with ``input``,
 ``output``, ``score`` and, from the V1 trainer, ``uid`` = ``<prompt uid>_<session>_<index>``) or the sample files of

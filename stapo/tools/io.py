@@ -108,3 +108,26 @@ def read_jsonl(path: Path, expected: str) -> list[dict]:
 
 def _first_line(error: Exception) -> str:
     return (str(error).strip().splitlines() or [type(error).__name__])[0]
+
+
+def set_aside(path: Path) -> Path | None:
+    """Rename a non-empty ``path`` to the first free ``<stem>.<k><suffix>`` (k = 1, 2, ...) so that whatever opens
+    ``path`` for writing next cannot erase it; returns the new name (None when there was nothing to keep)."""
+    path = Path(path)
+    if not path.is_file() or path.stat().st_size == 0:
+        return None
+    k = 1
+    while (target := path.with_name(f"{path.stem}.{k}{path.suffix}")).exists():
+        k += 1
+    os.replace(path, target)
+    return target
+
+
+def segments(path: Path) -> list[Path]:
+    """``path`` after the earlier segments :func:`set_aside` made of it, oldest first."""
+    path = Path(path)
+    earlier, k = [], 1
+    while (part := path.with_name(f"{path.stem}.{k}{path.suffix}")).is_file():
+        earlier.append(part)
+        k += 1
+    return earlier + ([path] if path.is_file() else [])

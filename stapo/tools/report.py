@@ -3,10 +3,10 @@
     python -m stapo.tools.report table [SUMMARY|DIR ...] [--paper] [--method stapo] [--out DIR]
     python -m stapo.tools.report plot [LABEL=]LOG [[LABEL=]LOG ...] [--out DIR]
 
-``table`` reads the ``summary.json`` files of ``python -m stapo.tools.evaluate`` (each labelled with its method and size) and
-writes the paper's main table as ``table.md``, ``table.tex`` and ``table.csv``: avg@n on the six benchmarks, their
-mean (Avg) and the relative gain of ``--method`` over the strongest other method at the same size and preset.
-``--paper`` adds the published v1 table (stapo/paper_table.json), alone or side by side with the runs.
+``table`` reads the ``summary.json`` files of ``python -m stapo.tools.evaluate`` (each labelled with its method and
+size) and writes the paper's main table as ``table.md``, ``table.tex`` and ``table.csv``: avg@n on the six benchmarks,
+their mean (Avg) and the relative gain of ``--method`` over the strongest other method at the same size and preset.
+``--paper`` adds the published v1 table (stapo/tools/paper_table.json), alone or side by side with the runs.
 
 ``plot`` draws actor entropy, mean reward, validation accuracy and ``stapo/masked_frac`` against the step, one line
 per run, from verl's file logger (JSONL), its console output or a TensorBoard run folder. docs/evaluation.md shows
@@ -30,7 +30,7 @@ from pathlib import Path
 from stapo.config import methods, sizes, title
 from stapo.tools.data import BENCHMARKS
 from stapo.tools.evaluate import PRESETS, SUMMARY_FILE
-from stapo.tools.io import write_atomic
+from stapo.tools.io import segments, write_atomic
 
 BENCHMARK_TITLES = ("AIME24", "AIME25", "AMC23", "MATH500", "Minerva", "Olympiad")
 SOURCES = ("paper", "ours")
@@ -271,11 +271,12 @@ def _number(text: str) -> float | None:
 def read_metrics(path: Path) -> dict[str, dict[int, float]]:
     """``metric -> {step: value}`` of one training run (a later value of a step wins, as after a resume).
 
-    ``path`` is verl's file-logger JSONL (``{"step": N, "data": {...}}`` lines), a saved console log (lines
-    ``step:N - key:value - ...``) or a TensorBoard run folder / event file.
+    ``path`` is verl's file-logger JSONL (``{"step": N, "data": {...}}`` lines; with the earlier segments a resumed
+    run set aside, ``<stem>.1.jsonl``...), a saved console log (lines ``step:N - key:value - ...``) or a TensorBoard
+    run folder / event file.
     """
     path = Path(path)
-    if not path.exists():
+    if not path.exists() and not segments(path):
         raise ReportError(f"{path}: no such file or folder")
     metrics: dict[str, dict[int, float]] = {}
     if path.is_dir() or path.name.startswith("events.out.tfevents"):
@@ -286,10 +287,11 @@ def read_metrics(path: Path) -> dict[str, dict[int, float]]:
         for tag in accumulator.Tags()["scalars"]:
             metrics[tag] = {event.step: event.value for event in accumulator.Scalars(tag)}
     else:
-        with path.open(encoding="utf-8", errors="replace") as lines:
-            for line in lines:
-                for key, step, value in _parse_log_line(line):
-                    metrics.setdefault(key, {})[step] = value
+        for part in segments(path):
+            with part.open(encoding="utf-8", errors="replace") as lines:
+                for line in lines:
+                    for key, step, value in _parse_log_line(line):
+                        metrics.setdefault(key, {})[step] = value
     if not metrics:
         raise ReportError(
             f"{path}: no metrics found; pass verl's file-logger JSONL, a console log with 'step:N - key:value' lines, "

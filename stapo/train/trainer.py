@@ -17,13 +17,17 @@ resume check:
    S2T rule is also evaluated for runs that apply no S2T mask, with the paper's gradient-norm bound (``s2t/*``).
 
 The driver's own cost is timed every step: ``timing_s/stapo_mask`` and ``timing_s/stapo_restore``. After a resume,
-the restored dataloader must stand where the checkpoint's step left it (:func:`resume_position_problem`).
+the restored dataloader must stand where the checkpoint's step left it (:func:`resume_position_problem`), and the
+file logger's earlier steps are kept: verl's ``FileLogger`` truncates its file when a run starts, so an existing
+one is set aside as ``<stem>.<k>.jsonl`` first (``stapo.tools.report.read_metrics`` reads the parts as one run).
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import time
+from pathlib import Path
 
 import torch
 import transfer_queue as tq
@@ -36,6 +40,7 @@ from verl.utils.config import omega_conf_to_dataclass
 
 from stapo.batch_mask import mask_for_update
 from stapo.config import TRAINER_MODE
+from stapo.tools.io import set_aside
 from stapo.train import audit
 from stapo.train.loss import stapo_loss
 from stapo.train.metrics import mask_metrics, s2t_metrics
@@ -78,6 +83,15 @@ def fold(mask: torch.Tensor, silenced: torch.Tensor) -> torch.Tensor:
     return torch.nested.nested_tensor_from_jagged(mask.values().masked_fill(silenced, 0), mask.offsets())
 
 
+def file_logger_path(config) -> Path:
+    """Where verl's ``FileLogger`` writes (``verl.utils.tracking.FileLogger``): ``$VERL_FILE_LOGGER_PATH``, else
+    ``$VERL_FILE_LOGGER_ROOT/<project>/<experiment>.jsonl`` (root: the working directory)."""
+    if os.environ.get("VERL_FILE_LOGGER_PATH"):
+        return Path(os.environ["VERL_FILE_LOGGER_PATH"])
+    root = Path(os.path.expanduser(os.environ.get("VERL_FILE_LOGGER_ROOT", ".")))
+    return root / config.trainer.project_name / f"{config.trainer.experiment_name}.jsonl"
+
+
 def resume_position_problem(state: dict | None, global_steps: int, steps_per_epoch: int, batch_size: int) -> str | None:
     """Why a resumed run at ``global_steps`` would not continue the prompt stream where the checkpoint left it, from
     the dataloader state verl restored (``StatefulDataLoader.state_dict()`` of ``data.pt``); None if it does."""
@@ -105,6 +119,10 @@ class STAPOTrainer(PPOTrainerSync):
     def __init__(self, config):
         self.stapo = validate_training_config(config)
         super().__init__(config)
+        if "file" in config.trainer.logger:
+            kept = set_aside(file_logger_path(config))
+            if kept is not None:
+                print(f"STAPO: kept the earlier file-logger steps as {kept} (verl's FileLogger starts a new file)")
 
     def _build_replay_buffer(self):
         self.trainer_mode = "sync"  # verl 0.9.1 tests for the literal name (module docstring)
