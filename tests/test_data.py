@@ -316,3 +316,17 @@ def test_outputs_follow_the_umask(tmp_path):
     finally:
         os.umask(old)
     assert (tmp_path / data.TRAIN_FILENAME).stat().st_mode & 0o777 == 0o644
+
+
+def test_atomic_writes_and_appends_follow_the_umask(tmp_path):
+    from stapo.tools.io import append_atomic, write_atomic
+
+    old = os.umask(0o027)
+    try:
+        write_atomic(tmp_path / "a" / "summary.json", "{}")
+        append_atomic(tmp_path / "samples.jsonl", ["1\n", "2\n"])
+    finally:
+        os.umask(old)
+    assert (tmp_path / "a" / "summary.json").stat().st_mode & 0o777 == 0o640
+    assert (tmp_path / "samples.jsonl").stat().st_mode & 0o777 == 0o640
+    assert (tmp_path / "samples.jsonl").read_text() == "1\n2\n" and os.listdir(tmp_path / "a") == ["summary.json"]

@@ -279,6 +279,13 @@ def test_bad_input_stops_early_with_the_fix(assets, tmp_path, monkeypatch, capsy
     err = bad_run(assets, tmp_path, monkeypatch, capsys, "--benchmarks", "aime24", data=tmp_path)
     assert "aime24.parquet: missing column(s) reward_model" in err
 
+    damaged = tmp_path / "damaged"
+    damaged.mkdir()
+    (damaged / "aime24.parquet").write_bytes((assets.data / "aime24.parquet").read_bytes()[:200])  # truncated
+    err = bad_run(assets, tmp_path, monkeypatch, capsys, "--benchmarks", "aime24", data=damaged)
+    assert err.startswith(f"error: {damaged / 'aime24.parquet'}: not a readable parquet file (")
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
     err = bad_run(assets, tmp_path, monkeypatch, capsys, "--benchmarks", "aime2024")
     assert "aime2024.parquet: not found" in err and "the paper's benchmarks are aime24, aime25" in err
     err = bad_run(assets, tmp_path, monkeypatch, capsys, "--benchmarks", "aime24", "--n", "math500=2")

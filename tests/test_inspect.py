@@ -80,6 +80,17 @@ def test_bad_rollout_lines_name_file_and_line(tokenizer, tmp_path):
         ins.read_rollouts([tmp_path / "bad.jsonl"], tokenizer)
 
 
+def test_a_file_that_is_not_json_lines_is_named(model_dir, tmp_path, capsys):
+    (tmp_path / "rollouts.parquet").write_bytes(b"PAR1\x00\x9f\xff binary")  # e.g. a parquet passed by mistake
+    with pytest.raises(SystemExit):
+        ins.main(["--model", str(model_dir), "--rollouts", str(tmp_path / "rollouts.parquet")])
+    err = capsys.readouterr().err
+    assert err.strip() == (
+        f"error: {tmp_path / 'rollouts.parquet'}: not a text file; expected JSON lines: a verl rollout dump "
+        "(trainer.rollout_data_dir) or an eval samples*.jsonl"
+    )
+
+
 def reference(model_dir, tokenizer, rollouts):
     """Padded log p, entropy, GRPO advantage and mask of every response token, from a plain full forward pass."""
     from transformers import AutoModelForCausalLM

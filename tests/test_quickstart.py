@@ -162,3 +162,17 @@ def test_s2t_totals_from_verls_file_logger(tmp_path, monkeypatch):
         logger.log({"stapo/candidate_tokens": candidates, "stapo/masked_tokens": masked, "actor/lr": 1e-6}, step)
     logger.finish()
     assert qs.s2t_totals(read_metrics(tmp_path / "metrics.jsonl")) == (3, 14.0, 10.0)
+
+
+def test_bad_options_stop_before_any_work(tmp_path):
+    """--tau-p 0 used to fail after the whole warm-up (on a GPU, after a whole JustRL run)."""
+    for options, message in (
+        (["--tau-p", "0"], "error: --tau-p=0.0 is out of range; it must be a number in (0, 1]"),
+        (["--q", "1.5"], "error: --q=1.5 is out of range"),
+        (["--eval-problems", "200"], "error: --eval-problems=200 exceeds --val=100"),
+        (["--steps", "0"], "error: --steps=0: must be a positive integer"),
+    ):
+        with pytest.raises(SystemExit) as stop:
+            qs.main(["cpu", "--out", str(tmp_path / "out"), *options])
+        assert str(stop.value).startswith(message)
+        assert not (tmp_path / "out").exists()  # nothing built

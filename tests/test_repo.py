@@ -28,3 +28,5 @@ def test_launchers_parse_and_reject_bad_arguments():
         ["bash", str(ROOT / "scripts" / "train.sh"), "stapo", "qwen3_4b"], capture_output=True, text=True
     )
     assert out.returncode == 2 and "unknown size 'qwen3_4b'" in out.stderr
+    out = subprocess.run(["bash", str(ROOT / "scripts" / "train.sh")], capture_output=True, text=True)
+    assert out.returncode == 2 and out.stdout.startswith("usage: python -m stapo.train") and out.stderr == ""

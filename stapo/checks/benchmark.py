@@ -260,7 +260,10 @@ def register_bench_trainer() -> None:
 
 def shape_run_overrides(model: Path, data: Path, out: Path, *, steps: int, prompts: int, response_length: int) -> list:
     """Overrides of a one-GPU run of a model at its true shape: the size config's own token budgets and
-    parallelism, with the batch, steps, response length and data of a benchmark."""
+    parallelism, with the batch, steps, response length, data and reward (the smoke's digit share, so that every group
+    has positive and negative advantages) of a benchmark."""
+    from stapo.quickstart.tiny import short_run_overrides
+
     return [
         f"actor_rollout_ref.model.path={model}",
         f"data.train_files={data}",
@@ -269,14 +272,10 @@ def shape_run_overrides(model: Path, data: Path, out: Path, *, steps: int, promp
         f"actor_rollout_ref.actor.ppo_mini_batch_size={max(prompts // 4, 1)}",
         "data.max_prompt_length=256",
         f"data.max_response_length={response_length}",
+        "reward.custom_reward_function.path=pkg://stapo.checks.gpu_smoke",
+        "reward.custom_reward_function.name=smoke_reward",
         "trainer.n_gpus_per_node=1",
-        f"trainer.total_training_steps={steps}",
-        "trainer.val_before_train=False",
-        "trainer.test_freq=-1",
-        "trainer.save_freq=-1",
-        'trainer.logger=["console","file"]',
-        f"trainer.default_local_dir={out / 'ckpt'}",
-        f"+ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH={out / 'metrics.jsonl'}",
+        *short_run_overrides(out, steps),
     ]
 
 

@@ -13,12 +13,14 @@ trainer (``python -m stapo.train``: verl V1, vLLM, FSDP), evaluates the three mo
 ``python -m stapo.tools.evaluate``, prints a before/after table and the S2T statistics of the STAPO run, and plots the
 curves (``python -m stapo.tools.report plot``). ``cpu`` cannot run verl's trainer; instead it shows the S2T mask on
 the warmed-up model's own rollouts: a few samples per problem, graded, GRPO advantages per problem, per-token
-probabilities and entropies, and the tokens :func:`stapo.s2t.s2t_mask` silences. docs/quickstart.md walks through the output.
+probabilities and entropies, and the tokens :func:`stapo.s2t.s2t_mask` silences. docs/quickstart.md walks through
+the output.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
@@ -250,9 +252,11 @@ def run_gpu(args: argparse.Namespace, warm: Path, paths: dict[str, Path], val: l
     steps, candidates, masked = s2t_totals(read_metrics(args.out / "stapo" / "metrics.jsonl"))
     print(f"S2T over {steps} STAPO steps (tau_p = {args.tau_p}): {candidates:.0f} candidates, {masked:.0f} masked")
     logs = [f"{m}={args.out / m / 'metrics.jsonl'}" for m in ("justrl", "stapo")]
-    call(
-        [sys.executable, "-m", "stapo.tools.report", "plot", *logs, "--out", args.out / "plots"], args.out / "plot.log"
-    )
+    if importlib.util.find_spec("matplotlib") is None:
+        print("plots skipped: they need matplotlib (pip install 'stapo-verl[plot]')")
+    else:
+        plot = [sys.executable, "-m", "stapo.tools.report", "plot", *logs, "--out", args.out / "plots"]
+        call(plot, args.out / "plot.log")
     print(f"outputs: {args.out} (runs: justrl/, stapo/; evaluation: eval/; plots: plots/)")
 
 

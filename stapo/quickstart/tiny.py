@@ -179,6 +179,14 @@ def tiny_run_overrides(
         "reward.num_workers=1",
         f"trainer.n_gpus_per_node={gpus}",
         "trainer.nnodes=1",
+        *short_run_overrides(out, steps),
+    ]
+
+
+def short_run_overrides(out: Path, steps: int) -> list[str]:
+    """Overrides of a short measured run: ``steps`` steps, no validation, no checkpoint, checkpoints' folder and the
+    metrics (``out/metrics.jsonl``, verl's file logger) under ``out``."""
+    return [
         f"trainer.total_training_steps={steps}",
         "trainer.val_before_train=False",
         "trainer.test_freq=-1",

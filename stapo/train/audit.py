@@ -1,6 +1,6 @@
 """Audit mode: with ``STAPO_AUDIT_DIR=<dir>`` set in the Ray runtime environment, the trainer and the actor
 workers record what the mask really did, as JSON lines under ``<dir>``, so a run on a real cluster can prove the
-three properties STAPO relies on (``scripts/gpu_smoke.py`` checks them):
+three properties STAPO relies on (``python -m stapo.checks.gpu_smoke`` checks them):
 
 * ``driver-<pid>.jsonl`` (one line per update): response tokens in TransferQueue before the update, while the
   workers train (original minus the silenced ones) and after it (restored), and the silenced count;

@@ -1,0 +1,166 @@
+#!/usr/bin/env bash
+# End-to-end check of the two cluster launchers on this one machine, without GPUs (run as root on Debian):
+#   bash scripts/check_launchers.sh
+# (a) a local Ray head (`ray start --head`): scripts/ray_job.sh submits a run that must reach the training's
+#     preflight inside the cluster ("needs N GPUs; the Ray cluster at ... has 0"), and its error paths;
+# (b) a one-node Slurm (slurm-wlm and munge, installed with apt-get if missing; /etc/slurm/slurm.conf written for
+#     this machine if there is none): scripts/slurm.sbatch starts Ray, waits for the node, and reaches the same line.
+# Tiny local data and model files stand in for the real ones, so that only the GPU check fails. Prints PASS/FAIL per
+# check, exits 1 on any failure; stops the Ray heads and the Slurm daemons it started and removes its files.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+[ -n "${VIRTUAL_ENV-}" ] || [ ! -f .venv/bin/activate ] || source .venv/bin/activate
+[ "$(id -u)" = 0 ] || { echo "FAIL: run as root (installs and starts Slurm)"; exit 1; }
+failed=0 started=() ray_head= t0=$SECONDS
+tmp=$(mktemp -d /tmp/cl.XXXX)  # short: Ray's socket paths under it must stay below 108 characters
+stale_before=$([ -e /tmp/ray/ray_current_cluster ] && echo yes)
+result() {  # ok? name...
+  if [ "$1" = 0 ]; then echo "PASS  $2 ($((SECONDS - t0)) s)"; else echo "FAIL  $2 ($((SECONDS - t0)) s)"; failed=1; fi
+  t0=$SECONDS; [ "$1" = 0 ]
+}
+free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])'; }
+ours() { pgrep -f "$1" | grep -vx "$$" || true; }  # pids of processes whose command line names our files or ports
+wait_gone() {  # pid... : up to 60 s
+  for _ in $(seq 120); do kill -0 "$@" 2>/dev/null || return 0; sleep 0.5; done; return 1
+}
+cleanup() {
+  if [ -n "$ray_head" ]; then kill -TERM "$ray_head" 2>/dev/null; wait "$ray_head" 2>/dev/null; fi
+  [ -n "${job-}" ] && scancel "$job" 2>/dev/null
+  local name pid
+  for name in slurmd slurmctld munged; do  # only those this script started, in reverse order
+    [[ " ${started[*]} " == *" $name "* ]] || continue
+    pid=$(pgrep -x $name) && kill $pid && wait_gone $pid
+    pgrep -x $name >/dev/null && { echo "FAIL  $name still running"; failed=1; }
+  done
+  started=()
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+slurm_conf() {  # one node (this machine, its CPUs and memory, no GPUs), one partition
+  local host; host=$(hostname -s)
+  cat <<CONF
+ClusterName=local
+SlurmctldHost=$host
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+MpiDefault=none
+MailProg=/bin/true
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+SchedulerType=sched/backfill
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+EnforcePartLimits=ALL
+ReturnToService=2
+StateSaveLocation=/var/spool/slurmctld
+SlurmdSpoolDir=/var/spool/slurmd
+SlurmctldPidFile=/run/slurmctld.pid
+SlurmdPidFile=/run/slurmd.pid
+SlurmctldLogFile=/var/log/slurm/slurmctld.log
+SlurmdLogFile=/var/log/slurm/slurmd.log
+$(slurmd -C | head -1) State=UNKNOWN
+PartitionName=debug Nodes=$host Default=YES MaxTime=INFINITE State=UP
+CONF
+}
+
+slurm_up() {  # install, configure and start munged, slurmctld, slurmd (no systemd); 0 once a job step runs
+  if ! command -v slurmctld slurmd sbatch munged >/dev/null; then
+    { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y slurm-wlm munge; } >"$tmp/apt.log" 2>&1 ||
+      { tail -5 "$tmp/apt.log"; return 1; }
+  fi
+  [ -s /etc/munge/munge.key ] || { mungekey --create && chown munge:munge /etc/munge/munge.key; } || return 1
+  [ -f /etc/slurm/slurm.conf ] || { mkdir -p /etc/slurm && slurm_conf >/etc/slurm/slurm.conf; } || return 1
+  mkdir -p /run/munge /var/log/munge /var/lib/munge /var/spool/slurmctld /var/spool/slurmd /var/log/slurm
+  chown munge:munge /run/munge /var/log/munge /var/lib/munge
+  pgrep -x munged >/dev/null || { runuser -u munge -- /usr/sbin/munged && started+=(munged); } || return 1
+  munge -n | unmunge >/dev/null || return 1
+  pgrep -x slurmctld >/dev/null || { slurmctld && started+=(slurmctld); } || return 1
+  pgrep -x slurmd >/dev/null || { slurmd && started+=(slurmd); } || return 1
+  for _ in $(seq 30); do
+    timeout 10 srun --immediate=5 --time=1 true 2>/dev/null && return 0
+    scontrol update nodename="$(hostname -s)" state=resume 2>/dev/null  # a node left DOWN/DRAIN by an earlier run
+    sleep 1
+  done
+  sinfo -R; return 1
+}
+
+# Tiny stand-ins: a one-problem verl parquet for data.train_files/val_files, a model folder with a config.json.
+echo '{"problem": "What is 1+1?", "answer": "2", "id": "1"}' >"$tmp/aime24.jsonl"
+mkdir "$tmp/model" && echo '{"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"]}' >"$tmp/model/config.json"
+python3 -m stapo.tools.data eval --src "$tmp/aime24.jsonl" --out "$tmp" --partial >"$tmp/data.log" 2>&1
+result $? "tiny data and model files in $tmp"
+overrides=(data.train_files="$tmp/aime24.parquet" data.val_files="$tmp/aime24.parquet"
+  actor_rollout_ref.model.path="$tmp/model")
+gpu_line='error: trainer\.n_gpus_per_node=[0-9]+ x trainer\.nnodes=1 needs [0-9]+ GPUs; the Ray cluster at [0-9.]+:[0-9]+ has 0'
+
+# --- (a) scripts/ray_job.sh against a local Ray head -------------------------------------------------------------
+one_line_exit2() {  # expected-text log rc
+  [ "$3" = 2 ] && [ "$(wc -l <"$2")" = 1 ] && grep -q -- "$1" "$2" || { echo "  rc=$3:"; sed 's/^/  | /' "$2"; return 1; }
+}
+bash scripts/ray_job.sh >"$tmp/o" 2>&1; one_line_exit2 '^usage:' "$tmp/o" $?
+result $? "(a) ray_job.sh without arguments: usage line, exit 2"
+bash scripts/ray_job.sh stapo no_such_size >"$tmp/o" 2>&1; one_line_exit2 '^usage:' "$tmp/o" $?
+result $? "(a) ray_job.sh with an unknown size: usage line, exit 2"
+env -u RAY_ADDRESS bash scripts/ray_job.sh stapo qwen3_1.7b >"$tmp/o" 2>&1; one_line_exit2 'RAY_ADDRESS=http://' "$tmp/o" $?
+result $? "(a) ray_job.sh without RAY_ADDRESS: one line, exit 2"
+dead=http://127.0.0.1:$(free_port)
+RAY_ADDRESS=$dead bash scripts/ray_job.sh stapo qwen3_1.7b >"$tmp/o" 2>&1; one_line_exit2 "$dead" "$tmp/o" $?
+result $? "(a) ray_job.sh with an unreachable RAY_ADDRESS: one line naming it, exit 2"
+
+export RAY_AUTH_MODE=disabled  # as in slurm.sbatch: the head would turn token auth on if ~/.ray/auth_token exists
+port=$(free_port) dash=$(free_port) client=$(free_port)
+# started from $tmp, not the repository: the job runs in the head's working directory and must not need scripts/
+(cd "$tmp" && exec env RAY_TMPDIR="$tmp" ray start --head --port="$port" --dashboard-port="$dash" \
+  --ray-client-server-port="$client" --num-cpus=2 --num-gpus=0 --block) >"$tmp/head.log" 2>&1 &
+ray_head=$!
+for _ in $(seq 300); do
+  curl -sf -m 2 "http://127.0.0.1:$dash/api/version" >/dev/null && break
+  kill -0 $ray_head 2>/dev/null || break
+  sleep 1
+done
+curl -sf -m 2 "http://127.0.0.1:$dash/api/version" >/dev/null
+result $? "(a) Ray head started (GCS port $port, dashboard $dash)"
+RAY_ADDRESS=http://127.0.0.1:$dash timeout 600 bash scripts/ray_job.sh stapo qwen3_1.7b "${overrides[@]}" \
+  >"$tmp/job_a.log" 2>&1
+rc=$?
+grep -Eq "$gpu_line" "$tmp/job_a.log" && grep -q "Job '.*' failed" "$tmp/job_a.log" && [ $rc = 1 ] ||
+  { echo "  rc=$rc:"; tail -20 "$tmp/job_a.log" | sed 's/^/  | /'; false; }
+result $? "(a) ray_job.sh: the job reached the training preflight in the cluster: $(grep -Eo "needs [0-9]+ GPUs.*has 0" "$tmp/job_a.log")"
+kill -TERM $ray_head; wait $ray_head; ray_head=
+wait_gone $(ours "$tmp/|:$port\b") && [ -z "$(ours "$tmp/|:$port\b")" ]
+result $? "(a) Ray head stopped, none of its processes left"
+
+# --- (b) scripts/slurm.sbatch under a one-node Slurm --------------------------------------------------------------
+slurm_up
+result $? "(b) Slurm up (started here: ${started[*]:-none})" || exit 1
+unset RAY_AUTH_MODE  # slurm.sbatch's default
+# a free port: another Ray head on this machine may hold 6379
+job=$(RAY_PORT=$(free_port) RAY_DASHBOARD_PORT=$(free_port) timeout 900 sbatch --wait --parsable --nodes=1 \
+  --cpus-per-task=2 --gpus-per-node=0 --output="$tmp/slurm-%j.log" scripts/slurm.sbatch stapo qwen3_1.7b "${overrides[@]}")
+rc=$?
+log=$tmp/slurm-$job.log
+state=$(scontrol show job "$job" 2>/dev/null | grep -o 'JobState=[A-Z]*\|ExitCode=[0-9:]*' | xargs)
+[ -s "$log" ]
+result $? "(b) sbatch --wait scripts/slurm.sbatch ...: job $job ended, sbatch rc=$rc ($state)"
+grep -q "^stapo: Ray head up on $(hostname -s)" "$log"
+result $? "(b) the job started the Ray head"
+grep -q "^stapo: Ray cluster at .*: all 1 node(s) joined: $(hostname -s)" "$log"
+result $? "(b) the node joined the Ray cluster"
+grep -Eq "$gpu_line" "$log" && grep -q "^stapo: RAY_ADDRESS=.* trainer.nnodes=1 trainer.n_gpus_per_node=0" "$log" ||
+  { sed 's/^/  | /' "$log" | grep -v 'INFO\|^  | *$' | tail -30; false; }
+result $? "(b) the job reached the training preflight in the cluster: $(grep -Eo "needs [0-9]+ GPUs.*has 0" "$log")"
+grep -q "^stapo: Ray stopped" "$log" && [ -z "$(ours "/tmp/ray_$job/")" ] && [ $rc = 1 ] && [[ $state == *FAILED* ]]
+result $? "(b) Ray stopped at the end; the job's exit status is the training's (1)"
+rm -rf "/tmp/ray_$job"; job=
+
+[ -n "$stale_before" ] || [ ! -e /tmp/ray/ray_current_cluster ]
+result $? "no /tmp/ray/ray_current_cluster left behind"
+cleanup; trap - EXIT
+for name in "${started[@]}"; do pgrep -x "$name" >/dev/null && failed=1; done
+[ $failed = 0 ] && echo "PASS  all checks" || echo "FAIL  see above"
+exit $failed
