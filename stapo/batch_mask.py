@@ -21,7 +21,7 @@ import torch
 
 from stapo.s2t import check_ratio, check_s2t_params, entropy_quantile, top_k_threshold
 
-__all__ = ["mask_for_update"]
+__all__ = ["mask_for_update", "grad_bound_sums"]
 
 _CHUNK = 1 << 20  # tokens per piece of the batch-wide scans
 
@@ -37,7 +37,6 @@ def mask_for_update(
     tau_p: float = 0.002,
     q: float = 0.75,
     top_entropy_ratio: float = 0.2,
-    grad_bound: bool = False,
 ) -> tuple[torch.Tensor, dict]:
     """Which tokens of a batch to silence, one threshold per group of rows (one PPO mini-batch each).
 
@@ -46,14 +45,11 @@ def mask_for_update(
         log_probs, entropy, advantages, response_mask: padded ``(batch, response_len)`` or jagged nested tensors,
             all in the same layout (``log_probs``/``advantages`` are not read by ``top_entropy``).
         groups: row-index tensors that partition the batch, one per mini-batch; ``None`` = one group of all rows.
-        grad_bound: with ``s2t``, also sum :func:`stapo.s2t.grad_norm_lower_bound` over the silenced tokens, the
-            candidates and all response tokens (tokens with a NaN entropy are left out of the sums).
 
     Returns:
         ``silenced``: a bool tensor shaped like ``response_mask`` (padded) or like its ``values()`` (nested), and the
         stats of the single-mask functions summed over the groups (``entropy_threshold``: the mean of the groups'
-        finite thresholds; NaN if none), plus ``bound_silenced``, ``bound_candidates``, ``bound_total`` with
-        ``grad_bound``.
+        finite thresholds; NaN if none).
     """
     if method not in ("s2t", "top_entropy"):
         raise ValueError(f"unknown mask method {method!r}: expected 's2t' or 'top_entropy'")
@@ -64,7 +60,7 @@ def mask_for_update(
     n_groups = max(len(groups or []), 1)
     if method == "s2t":
         check_s2t_params(tau_p, q)
-        index, stats = rows.s2t(row_group, n_groups, tau_p, q, grad_bound)
+        index, stats = rows.s2t(row_group, n_groups, tau_p, q)
     else:
         check_ratio(top_entropy_ratio)
         index, stats = rows.top_entropy(row_group, n_groups, top_entropy_ratio)
@@ -72,6 +68,28 @@ def mask_for_update(
     silenced[index] = True
     shape = response_mask.values().shape if response_mask.is_nested else response_mask.shape
     return torch.from_numpy(silenced).reshape(shape), stats
+
+
+def grad_bound_sums(
+    log_probs: torch.Tensor,
+    entropy: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    silenced: torch.Tensor,
+    tau_p: float = 0.002,
+) -> dict[str, float]:
+    """Σ of :func:`stapo.s2t.grad_norm_lower_bound` over the ``silenced`` tokens (a bool tensor as
+    :func:`mask_for_update` returns it), over the S2T candidates (Â > 0, p < τ_p) and over all response tokens:
+    ``bound_silenced``, ``bound_candidates``, ``bound_total``. Tokens with a NaN entropy are left out of the sums.
+    Two exponentials per token: the trainer runs this beside the actor update, off the driver's critical path."""
+    check_s2t_params(tau_p, 0.5)
+    rows = _Rows.build(response_mask, entropy, log_probs, advantages)
+    low_prob = np.concatenate(rows._flags(np.less, rows.log_probs, math.log(tau_p), _indices) or [_NONE])
+    return {
+        "bound_silenced": rows._bound(np.flatnonzero(silenced.reshape(-1).numpy())),
+        "bound_candidates": rows._bound(low_prob[rows.advantages[low_prob] > 0]),
+        "bound_total": sum(rows._scan(rows._bound_chunk, 0, rows.entropy.size)),
+    }
 
 
 def _numpy(t: torch.Tensor) -> np.ndarray:
@@ -149,7 +167,7 @@ class _Rows:
             for part in self._flags(np.less, self.entropy, thresholds[g], reduce, start, stop)
         ]
 
-    def s2t(self, row_group, n_groups, tau_p, q, grad_bound) -> tuple[np.ndarray, dict]:
+    def s2t(self, row_group, n_groups, tau_p, q) -> tuple[np.ndarray, dict]:
         """Flat indices of the spurious tokens and the summed stats."""
         low_prob = np.concatenate(self._flags(np.less, self.log_probs, math.log(tau_p), _indices) or [_NONE])
         pos_adv = sum(self._flags(np.greater, self.advantages, 0.0, _count))
@@ -167,12 +185,6 @@ class _Rows:
             "low_entropy": sum(self._below(row_group, thresholds, _count)),
             "entropy_threshold": _mean_finite(thresholds),
         }
-        if grad_bound:
-            stats.update(
-                bound_silenced=self._bound(spurious),
-                bound_candidates=self._bound(candidates),
-                bound_total=sum(self._scan(self._bound_chunk, 0, self.entropy.size)),
-            )
         return spurious, stats
 
     def _bound(self, index: np.ndarray) -> float:

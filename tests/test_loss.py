@@ -273,3 +273,23 @@ def test_two_gloo_ranks_current_policy_mask_uses_the_gathered_quantile():
     for metric, (*_, masked) in zip(per_rank, results):
         metric.extend([v for micro in masked for v in micro])
     assert Metric.aggregate_dp(per_rank) == sum(not k for row in keep_rows for k in row)
+
+
+@pytest.mark.parametrize("norm", ["selected", "all"])
+def test_current_policy_top_entropy_denominator_follows_the_knob(norm):
+    """20-Entropy inside the update: the loss is the clipped surrogate of the kept (top-ρ entropy) tokens, divided by
+    their count (``selected``, the authors' code) or by all response tokens (``all``, the 80/20 paper's formula)."""
+    from stapo.s2t import top_entropy_mask
+
+    cfg = actor_config()
+    data, cur, ent = make_batch([[1] * n for n in RESP_LENS])
+    ones = [[1] * n for n in RESP_LENS]
+    keep, _ = top_entropy_mask(pad(ent), pad(ones), 0.5)
+    keep_rows = [keep[i, :n].tolist() for i, n in enumerate(RESP_LENS)]
+    kept, tokens = sum(map(sum, keep_rows)), sum(RESP_LENS)
+    assert 0 < kept < tokens
+    stapo = StapoConfig(mask="top_entropy", policy_source="current", top_entropy_ratio=0.5, top_entropy_norm=norm)
+    fn = functools.partial(stapo_loss, config=cfg, stapo=stapo)
+    total, _, _ = run_engine_minibatch(fn, data, cur, ent, list(range(6)), [[0, 1, 2, 3, 4, 5]])
+    expected = hand_loss(keep_rows, cur, data, cfg) * (1 if norm == "selected" else kept / tokens)
+    assert total.item() == pytest.approx(expected, rel=1e-5)

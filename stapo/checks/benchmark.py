@@ -3,8 +3,8 @@ results):
 
 python -m stapo.checks.benchmark mask [--responses 2048 --length 15360]
     The driver's work in STAPO's default mode on a paper-scale synthetic batch, in the jagged layout it arrives in
-    from TransferQueue, on this machine's CPU: the mask alone, the mask with the s2t/* gradient-bound sums, and
-    folding the result into the two masks written back (median of repeated runs).
+    from TransferQueue, on this machine's CPU: the mask, folding it into the two masks written back, and the s2t/*
+    gradient-bound sums (which the trainer computes while the workers update; median of repeated runs).
 
 python -m stapo.checks.benchmark actor --out DIR [--shape qwen3_1.7b --tokens 32768 --seq 2048]
     One actor micro-batch as verl's FSDP engine computes it (packed sequences, gradient checkpointing, bfloat16, the
@@ -59,7 +59,7 @@ model's forward for them is not undone)."""
 
 # ------------------------------------------------------------------------------------------------------------ mask
 def bench_mask(responses: int, length: int, repeats: int) -> dict:
-    from stapo.batch_mask import mask_for_update
+    from stapo.batch_mask import grad_bound_sums, mask_for_update
     from stapo.train.trainer import fold, minibatch_rows
 
     gen = torch.Generator().manual_seed(0)
@@ -76,18 +76,18 @@ def bench_mask(responses: int, length: int, repeats: int) -> dict:
     mask = torch.ones(n, dtype=torch.int64)
     inputs = [jagged(x) for x in (log_probs, entropy, advantages, mask)]
     groups = minibatch_rows(responses, dp_size=8, mini_batch_size=responses // 4, shuffle=False, seed=42)
-    times = {"mask_ms": [], "mask_and_bound_ms": [], "fold_two_masks_ms": []}
+    times = {"mask_ms": [], "fold_two_masks_ms": [], "grad_bounds_ms": []}
     for _ in range(repeats):
         start = time.perf_counter()
-        mask_for_update("s2t", *inputs, groups)
+        silenced, stats = mask_for_update("s2t", *inputs, groups)
         times["mask_ms"].append(1000 * (time.perf_counter() - start))
-        start = time.perf_counter()
-        silenced, stats = mask_for_update("s2t", *inputs, groups, grad_bound=True)
-        times["mask_and_bound_ms"].append(1000 * (time.perf_counter() - start))
         start = time.perf_counter()
         for _ in range(2):  # response_mask and loss_mask
             fold(inputs[3], silenced)
         times["fold_two_masks_ms"].append(1000 * (time.perf_counter() - start))
+        start = time.perf_counter()
+        grad_bound_sums(*inputs, silenced)  # the trainer runs this beside the actor update
+        times["grad_bounds_ms"].append(1000 * (time.perf_counter() - start))
     result = {"batch": f"{responses} x {length}", "tokens": n, "torch_threads": torch.get_num_threads()}
     result["cpus"] = os.cpu_count()
     for key, values in times.items():

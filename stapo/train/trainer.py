@@ -14,7 +14,8 @@ resume check:
    ``token-mean`` denominator) for the update only; the originals are put back afterwards, so advantages, data
    metrics and logs see the rollout unchanged. verl divides by the global count of ``loss_mask`` per mini-batch, so
    the loss is renormalised over the kept tokens exactly (STAPO objective, 1 / Σ I). With ``stapo.metrics`` the
-   S2T rule is also evaluated for runs that apply no S2T mask, with the paper's gradient-norm bound (``s2t/*``).
+   S2T rule is also evaluated for runs that apply no S2T mask, and the paper's gradient-norm bound is summed in a
+   thread while the workers run the update (``s2t/*``).
 
 The driver's own cost is timed every step: ``timing_s/stapo_mask`` and ``timing_s/stapo_restore``. After a resume,
 the restored dataloader must stand where the checkpoint's step left it (:func:`resume_position_problem`), and the
@@ -27,6 +28,7 @@ from __future__ import annotations
 import functools
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -38,7 +40,7 @@ from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils import tensordict_utils as tu
 from verl.utils.config import omega_conf_to_dataclass
 
-from stapo.batch_mask import mask_for_update
+from stapo.batch_mask import grad_bound_sums, mask_for_update
 from stapo.config import TRAINER_MODE
 from stapo.tools.io import set_aside
 from stapo.train import audit
@@ -51,6 +53,10 @@ MASK_FIELDS = ("response_mask", "loss_mask")
 """verl's ``ppo_loss`` masks with ``response_mask``; the engine counts the denominator from ``loss_mask`` (a copy
 the V1 agent loop stores): the mask is folded into both, or into ``response_mask`` only when the denominator is all
 response tokens (``stapo.top_entropy_norm: all``)."""
+
+
+_BACKGROUND = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stapo-s2t-metrics")
+"""Computes the s2t/* gradient-bound sums while the workers run the actor update (NumPy releases the GIL)."""
 
 
 def minibatch_rows(batch_size: int, dp_size: int, mini_batch_size: int, shuffle: bool, seed: int) -> list[torch.Tensor]:
@@ -165,17 +171,20 @@ class STAPOTrainer(PPOTrainerSync):
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=MASK_INPUTS)
         inputs = [data[k] for k in MASK_INPUTS[:4]]
         groups = self._mask_groups(len(batch))
-        observed = None
-        if stapo.metrics:  # the S2T rule at π_old, applied or not, with the gradient-norm bounds
-            silenced, observed = mask_for_update("s2t", *inputs, groups, tau_p=stapo.tau_p, q=stapo.q, grad_bound=True)
-            metrics.update(s2t_metrics(observed))
+        observed = bounds = None
+        if stapo.metrics:  # the S2T rule at π_old, applied or not; its gradient-norm bounds beside the update
+            spurious, observed = mask_for_update("s2t", *inputs, groups, tau_p=stapo.tau_p, q=stapo.q)
+            bounds = _BACKGROUND.submit(grad_bound_sums, *inputs, spurious, tau_p=stapo.tau_p)
         if not on_driver:
             mask_seconds = time.perf_counter() - start
             batch = self._update_on_workers(batch, metrics)
+            metrics.update(s2t_metrics({**observed, **bounds.result()}))
             metrics["timing_s/stapo_mask"] = mask_seconds
             return batch
 
-        if stapo.mask != "s2t" or observed is None:
+        if stapo.mask == "s2t" and observed is not None:
+            silenced, stats = spurious, observed
+        else:
             silenced, stats = mask_for_update(
                 stapo.mask,
                 *inputs,
@@ -184,8 +193,6 @@ class STAPOTrainer(PPOTrainerSync):
                 q=stapo.q,
                 top_entropy_ratio=stapo.top_entropy_ratio,
             )
-        else:
-            stats = observed
         fields = MASK_FIELDS if stapo.mask == "s2t" or stapo.top_entropy_norm == "selected" else MASK_FIELDS[:1]
         originals = data.select(*fields)
         folded = TensorDict({name: fold(originals[name], silenced) for name in fields}, batch_size=len(batch))
@@ -199,8 +206,10 @@ class STAPOTrainer(PPOTrainerSync):
             start = time.perf_counter()
             self._put_masks(batch, originals)
         metrics.update(mask_metrics(stats))
-        # the driver's whole cost (inside verl's timing_s/update_actor): read the inputs from TransferQueue, build
-        # the mask (and the s2t/* metrics), write the folded masks; then write the original masks back
+        if bounds is not None:
+            metrics.update(s2t_metrics({**observed, **bounds.result()}))
+        # the driver's critical path (inside verl's timing_s/update_actor): read the inputs from TransferQueue, build
+        # the mask, write the folded masks; then write the original masks back
         metrics.update({"timing_s/stapo_mask": mask_seconds, "timing_s/stapo_restore": time.perf_counter() - start})
         if audit.enabled():
             audit.write(
