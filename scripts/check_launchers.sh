@@ -19,7 +19,7 @@ result() {  # ok? name...
   t0=$SECONDS; [ "$1" = 0 ]
 }
 free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])'; }
-ours() { pgrep -f "$1" | grep -vx "$$" || true; }  # pids of processes whose command line names our files or ports
+ours() { pgrep -f "$1" || true; }  # pids of the processes whose command line names our files or ports
 wait_gone() {  # pid... : up to 60 s
   for _ in $(seq 120); do kill -0 "$@" 2>/dev/null || return 0; sleep 0.5; done; return 1
 }
@@ -69,6 +69,10 @@ CONF
 }
 
 slurm_up() {  # install, configure and start munged, slurmctld, slurmd (no systemd); 0 once a job step runs
+  local name
+  for name in munged slurmctld slurmd; do  # not running yet: stop it at the end, even if apt-get starts it
+    pgrep -x $name >/dev/null || started+=($name)
+  done
   if ! command -v slurmctld slurmd sbatch munged >/dev/null; then
     { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y slurm-wlm munge; } >"$tmp/apt.log" 2>&1 ||
       { tail -5 "$tmp/apt.log"; return 1; }
@@ -77,10 +81,10 @@ slurm_up() {  # install, configure and start munged, slurmctld, slurmd (no syste
   [ -f /etc/slurm/slurm.conf ] || { mkdir -p /etc/slurm && slurm_conf >/etc/slurm/slurm.conf; } || return 1
   mkdir -p /run/munge /var/log/munge /var/lib/munge /var/spool/slurmctld /var/spool/slurmd /var/log/slurm
   chown munge:munge /run/munge /var/log/munge /var/lib/munge
-  pgrep -x munged >/dev/null || { runuser -u munge -- /usr/sbin/munged && started+=(munged); } || return 1
+  pgrep -x munged >/dev/null || runuser -u munge -- /usr/sbin/munged || return 1
   munge -n | unmunge >/dev/null || return 1
-  pgrep -x slurmctld >/dev/null || { slurmctld && started+=(slurmctld); } || return 1
-  pgrep -x slurmd >/dev/null || { slurmd && started+=(slurmd); } || return 1
+  pgrep -x slurmctld >/dev/null || slurmctld || return 1
+  pgrep -x slurmd >/dev/null || slurmd || return 1
   for _ in $(seq 30); do
     timeout 10 srun --immediate=5 --time=1 true 2>/dev/null && return 0
     scontrol update nodename="$(hostname -s)" state=resume 2>/dev/null  # a node left DOWN/DRAIN by an earlier run
@@ -96,7 +100,8 @@ python3 -m stapo.tools.data eval --src "$tmp/aime24.jsonl" --out "$tmp" --partia
 result $? "tiny data and model files in $tmp"
 overrides=(data.train_files="$tmp/aime24.parquet" data.val_files="$tmp/aime24.parquet"
   actor_rollout_ref.model.path="$tmp/model")
-gpu_line='error: trainer\.n_gpus_per_node=[0-9]+ x trainer\.nnodes=1 needs [0-9]+ GPUs; the Ray cluster at [0-9.]+:[0-9]+ has 0'
+gpu_line='error: trainer\.n_gpus_per_node=[0-9]+ x trainer\.nnodes=1 needs [0-9]+ GPUs; the Ray cluster at [0-9.:]+ has 0'
+needs='needs [0-9]+ GPUs.*has 0'
 
 # --- (a) scripts/ray_job.sh against a local Ray head -------------------------------------------------------------
 one_line_exit2() {  # expected-text log rc
@@ -106,7 +111,8 @@ bash scripts/ray_job.sh >"$tmp/o" 2>&1; one_line_exit2 '^usage:' "$tmp/o" $?
 result $? "(a) ray_job.sh without arguments: usage line, exit 2"
 bash scripts/ray_job.sh stapo no_such_size >"$tmp/o" 2>&1; one_line_exit2 '^usage:' "$tmp/o" $?
 result $? "(a) ray_job.sh with an unknown size: usage line, exit 2"
-env -u RAY_ADDRESS bash scripts/ray_job.sh stapo qwen3_1.7b >"$tmp/o" 2>&1; one_line_exit2 'RAY_ADDRESS=http://' "$tmp/o" $?
+env -u RAY_ADDRESS bash scripts/ray_job.sh stapo qwen3_1.7b >"$tmp/o" 2>&1
+one_line_exit2 'RAY_ADDRESS=http://' "$tmp/o" $?
 result $? "(a) ray_job.sh without RAY_ADDRESS: one line, exit 2"
 dead=http://127.0.0.1:$(free_port)
 RAY_ADDRESS=$dead bash scripts/ray_job.sh stapo qwen3_1.7b >"$tmp/o" 2>&1; one_line_exit2 "$dead" "$tmp/o" $?
@@ -130,7 +136,7 @@ RAY_ADDRESS=http://127.0.0.1:$dash timeout 600 bash scripts/ray_job.sh stapo qwe
 rc=$?
 grep -Eq "$gpu_line" "$tmp/job_a.log" && grep -q "Job '.*' failed" "$tmp/job_a.log" && [ $rc = 1 ] ||
   { echo "  rc=$rc:"; tail -20 "$tmp/job_a.log" | sed 's/^/  | /'; false; }
-result $? "(a) ray_job.sh: the job reached the training preflight in the cluster: $(grep -Eo "needs [0-9]+ GPUs.*has 0" "$tmp/job_a.log")"
+result $? "(a) ray_job.sh: the job reached the training preflight in the cluster: $(grep -Eom1 "$needs" "$tmp/job_a.log")"
 kill -TERM $ray_head; wait $ray_head; ray_head=
 wait_gone $(ours "$tmp/|:$port\b") && [ -z "$(ours "$tmp/|:$port\b")" ]
 result $? "(a) Ray head stopped, none of its processes left"
@@ -139,9 +145,11 @@ result $? "(a) Ray head stopped, none of its processes left"
 slurm_up
 result $? "(b) Slurm up (started here: ${started[*]:-none})" || exit 1
 unset RAY_AUTH_MODE  # slurm.sbatch's default
-# a free port: another Ray head on this machine may hold 6379
-job=$(RAY_PORT=$(free_port) RAY_DASHBOARD_PORT=$(free_port) timeout 900 sbatch --wait --parsable --nodes=1 \
-  --cpus-per-task=2 --gpus-per-node=0 --output="$tmp/slurm-%j.log" scripts/slurm.sbatch stapo qwen3_1.7b "${overrides[@]}")
+# Free ports: another Ray head on this machine may hold 6379. The job passes Slurm's trainer.n_gpus_per_node=0 (the
+# preflight refuses 0); trainer.n_gpus_per_node=1 after it makes the preflight ask the Ray cluster for its GPUs.
+job=$(RAY_PORT=$(free_port) RAY_DASHBOARD_PORT=$(free_port) timeout 600 sbatch --wait --parsable --nodes=1 \
+  --cpus-per-task=2 --gpus-per-node=0 --output="$tmp/slurm-%j.log" scripts/slurm.sbatch stapo qwen3_1.7b \
+  "${overrides[@]}" trainer.n_gpus_per_node=1)
 rc=$?
 log=$tmp/slurm-$job.log
 state=$(scontrol show job "$job" 2>/dev/null | grep -o 'JobState=[A-Z]*\|ExitCode=[0-9:]*' | xargs)
@@ -153,14 +161,17 @@ grep -q "^stapo: Ray cluster at .*: all 1 node(s) joined: $(hostname -s)" "$log"
 result $? "(b) the node joined the Ray cluster"
 grep -Eq "$gpu_line" "$log" && grep -q "^stapo: RAY_ADDRESS=.* trainer.nnodes=1 trainer.n_gpus_per_node=0" "$log" ||
   { sed 's/^/  | /' "$log" | grep -v 'INFO\|^  | *$' | tail -30; false; }
-result $? "(b) the job reached the training preflight in the cluster: $(grep -Eo "needs [0-9]+ GPUs.*has 0" "$log")"
-grep -q "^stapo: Ray stopped" "$log" && [ -z "$(ours "/tmp/ray_$job/")" ] && [ $rc = 1 ] && [[ $state == *FAILED* ]]
+result $? "(b) the job reached the training preflight in the cluster: $(grep -Eom1 "$needs" "$log")"
+grep -q "^stapo: Ray stopped" "$log" && [ -z "$(ours "/tmp/ray_$job/")" ] && [ "$rc" = 1 ] && [[ $state == *FAILED* ]]
 result $? "(b) Ray stopped at the end; the job's exit status is the training's (1)"
 rm -rf "/tmp/ray_$job"; job=
 
 [ -n "$stale_before" ] || [ ! -e /tmp/ray/ray_current_cluster ]
 result $? "no /tmp/ray/ray_current_cluster left behind"
+stopped=("${started[@]}")
 cleanup; trap - EXIT
-for name in "${started[@]}"; do pgrep -x "$name" >/dev/null && failed=1; done
+left=$(for name in "${stopped[@]}"; do pgrep -x "$name" >/dev/null && echo "$name"; done)
+[ -z "$left" ]
+result $? "(b) the Slurm daemons started here are stopped (${stopped[*]:-none})"
 [ $failed = 0 ] && echo "PASS  all checks" || echo "FAIL  see above"
 exit $failed

@@ -59,6 +59,11 @@ def test_gpu_problems_say_what_to_do(files, monkeypatch):
     assert "this machine has 2 visible" in line and line.endswith(
         "set trainer.n_gpus_per_node=2 or run where the GPUs are"
     )
+    (line,) = preflight.environment_problems(good(files, "trainer.n_gpus_per_node=0"))
+    assert (
+        line == "trainer.n_gpus_per_node=0 x trainer.nnodes=1: a run needs at least one GPU on at least one node; "
+        "set both to 1 or more"
+    )
     (line,) = preflight.environment_problems(good(files, "trainer.nnodes=2"))
     assert line.startswith("trainer.nnodes=2 needs a Ray cluster over those nodes") and "RAY_ADDRESS" in line
     monkeypatch.setenv("RAY_ADDRESS", "http://head:8265")

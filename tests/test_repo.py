@@ -1,5 +1,6 @@
 """The README's two commands are what CI runs; the shell launchers parse."""
 
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -18,7 +19,7 @@ def test_ci_runs_the_readme_commands():
 
 
 def test_launchers_parse_and_reject_bad_arguments():
-    for script in ("train.sh", "ray_job.sh", "slurm.sbatch"):
+    for script in ("train.sh", "ray_job.sh", "slurm.sbatch", "check_launchers.sh"):
         subprocess.run(["bash", "-n", str(ROOT / "scripts" / script)], check=True)
     out = subprocess.run(
         ["bash", str(ROOT / "scripts" / "train.sh"), "ppo", "qwen3_8b"], capture_output=True, text=True
@@ -30,3 +31,18 @@ def test_launchers_parse_and_reject_bad_arguments():
     assert out.returncode == 2 and "unknown size 'qwen3_4b'" in out.stderr
     out = subprocess.run(["bash", str(ROOT / "scripts" / "train.sh")], capture_output=True, text=True)
     assert out.returncode == 2 and out.stdout.startswith("usage: python -m stapo.train") and out.stderr == ""
+
+
+def test_ray_job_stops_with_one_line_before_contacting_a_cluster():
+    """scripts/check_launchers.sh submits to a real local Ray head and runs slurm.sbatch under a real Slurm; these are
+    the error paths that need neither."""
+    script = str(ROOT / "scripts" / "ray_job.sh")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    out = subprocess.run(["bash", script], capture_output=True, text=True, env=env)
+    assert out.returncode == 2 and out.stderr.startswith(
+        "usage: RAY_ADDRESS=http://HEAD_IP:8265 bash scripts/ray_job.sh"
+    )
+    out = subprocess.run(["bash", script, "stapo", "qwen3_1.7b"], capture_output=True, text=True, env=env)
+    assert out.returncode == 2 and out.stderr.strip().splitlines() == [
+        "error: RAY_ADDRESS is not set: set RAY_ADDRESS=http://HEAD:8265, the dashboard address of the Ray cluster"
+    ]

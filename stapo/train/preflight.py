@@ -97,6 +97,8 @@ def _gpu_problems(config: DictConfig) -> list[str]:
     trainer = config.trainer
     needed = trainer.n_gpus_per_node * trainer.nnodes
     where = f"trainer.n_gpus_per_node={trainer.n_gpus_per_node} x trainer.nnodes={trainer.nnodes}"
+    if needed < 1:  # verl would wait for a resource pool that never forms
+        return [f"{where}: a run needs at least one GPU on at least one node; set both to 1 or more"]
     address = os.environ.get("RAY_ADDRESS") or config.get("ray_kwargs", {}).get("ray_init", {}).get("address")
     if address:
         if address.startswith(("http://", "https://")):
