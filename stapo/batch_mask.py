@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from stapo.s2t import check_ratio, check_s2t_params, entropy_quantile, top_k_threshold
+from stapo.s2t import DEFAULTS, check_ratio, check_s2t_params, entropy_quantile, top_k_threshold
 
 __all__ = ["mask_for_update", "grad_bound_sums"]
 
@@ -34,9 +34,9 @@ def mask_for_update(
     response_mask: torch.Tensor,
     groups: Sequence[torch.Tensor] | None = None,
     *,
-    tau_p: float = 0.002,
-    q: float = 0.75,
-    top_entropy_ratio: float = 0.2,
+    tau_p: float = DEFAULTS.tau_p,
+    q: float = DEFAULTS.q,
+    top_entropy_ratio: float = DEFAULTS.top_entropy_ratio,
 ) -> tuple[torch.Tensor, dict]:
     """Which tokens of a batch to silence, one threshold per group of rows (one PPO mini-batch each).
 
@@ -76,7 +76,7 @@ def grad_bound_sums(
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     silenced: torch.Tensor,
-    tau_p: float = 0.002,
+    tau_p: float = DEFAULTS.tau_p,
 ) -> dict[str, float]:
     """Σ of :func:`stapo.s2t.grad_norm_lower_bound` over the ``silenced`` tokens (a bool tensor as
     :func:`mask_for_update` returns it), over the S2T candidates (Â > 0, p < τ_p) and over all response tokens:

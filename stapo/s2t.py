@@ -27,6 +27,11 @@ from collections.abc import Callable
 
 import torch
 
+from stapo.config import StapoConfig
+
+DEFAULTS = StapoConfig()
+"""The paper's values (STAPO v4; 20-Entropy's ρ), kept in one place: :class:`stapo.config.StapoConfig`."""
+
 __all__ = [
     "entropy_quantile",
     "top_k_threshold",
@@ -79,8 +84,8 @@ def s2t_mask(
     entropy: torch.Tensor,
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
-    tau_p: float = 0.002,
-    q: float = 0.75,
+    tau_p: float = DEFAULTS.tau_p,
+    q: float = DEFAULTS.q,
     *,
     quantile_fn: Callable[[torch.Tensor, float], float] = entropy_quantile,
 ) -> tuple[torch.Tensor, dict]:
@@ -125,7 +130,7 @@ def s2t_mask(
 def top_entropy_mask(
     entropy: torch.Tensor,
     response_mask: torch.Tensor,
-    ratio: float = 0.2,
+    ratio: float = DEFAULTS.top_entropy_ratio,
     *,
     threshold_fn: Callable[[torch.Tensor, float], float] = top_k_threshold,
 ) -> tuple[torch.Tensor, dict]:

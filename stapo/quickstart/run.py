@@ -151,7 +151,7 @@ def mean(scores: Sequence[Sequence[float]]) -> float:
 
 
 # ---------------------------------------------------------------------------------------------------- CPU path
-def mask_demo(model, tokenizer, problems, responses, scores, tau_p: float = DEMO_TAU_P, q: float = 0.75):
+def mask_demo(model, tokenizer, problems, responses, scores, tau_p: float = DEMO_TAU_P, q: float = StapoConfig.q):
     """The S2T mask over all ``responses`` as one mini-batch, GRPO advantages per problem.
 
     Returns the silenced tokens (:func:`stapo.tools.inspect_tokens.silenced_tokens` records) and the mask statistics.

@@ -141,8 +141,8 @@ def silenced_tokens(
     stats: Sequence[TokenStats],
     advantages: torch.Tensor,
     tokenizer,
-    tau_p: float = 0.002,
-    q: float = 0.75,
+    tau_p: float = StapoConfig.tau_p,
+    q: float = StapoConfig.q,
     context: int = 20,
 ) -> tuple[list[dict], dict]:
     """The tokens :func:`stapo.s2t.s2t_mask` silences, all rollouts forming one mini-batch, and the mask stats."""
