@@ -57,6 +57,14 @@ def test_packed_sequences_equal_each_sequence_alone(tiny_qwen):
     assert torch.allclose(logits, alone, atol=1e-5)
 
 
+def test_options_it_cannot_honour_are_refused():
+    q = torch.zeros(1, 2, 4, 8)
+    position_ids = torch.arange(4)[None]
+    for options in ({"sliding_window": 2}, {"softcap": 30.0}, {"is_causal": False}):
+        with pytest.raises(ValueError, match="full causal attention only"):
+            attention.varlen_attention(None, q, q, q, None, position_ids=position_ids, **options)
+
+
 def test_only_packed_inputs_are_accepted(tiny_qwen):
     packed, _ = tiny_qwen
     ids = torch.randint(0, 97, (2, 6))

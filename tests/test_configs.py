@@ -50,7 +50,7 @@ def test_every_config_composes_and_validates(method, size):
         assert (actor.clip_ratio_low, actor.clip_ratio_high, actor.use_kl_loss) == (0.2, 0.28, False)
         assert actor.loss_agg_mode == "token-mean"
     assert cfg.trainer.v1.trainer_mode == "stapo_sync"
-    assert cfg.reward.custom_reward_function.name == "dapo_score"  # the paper's "Reward Function: DAPO"
+    assert cfg.reward.custom_reward_function.name == "compute_score"  # math-verify; dapo_score is the option
     # auto resolved: no flash-attn on this machine
     assert cfg.actor_rollout_ref.model.override_config.attn_implementation == attention.NAME
     assert cfg.actor_rollout_ref.model.use_fused_kernels is True

@@ -319,9 +319,13 @@ def test_resume_position_check_on_a_real_dataloader():
     assert "without the checkpoint's data.pt" in resume_position_problem(None, 12, steps_per_epoch, 4)
 
 
-def test_a_resumed_run_keeps_the_file_loggers_earlier_steps(tmp_path, monkeypatch):
-    """verl's FileLogger truncates its file when a run starts; the trainer sets the old one aside first and
-    read_metrics reads the parts as one run (a later value of a step wins)."""
+@pytest.mark.parametrize("resumed", [True, False])
+def test_the_file_loggers_earlier_steps_are_kept(tmp_path, monkeypatch, resumed):
+    """verl's FileLogger truncates its file when a run starts. A resumed run sets the old file aside as an earlier
+    segment, which read_metrics reads with the new one (a later value of a step wins); a fresh run sets it aside
+    under a name read_metrics leaves alone."""
+    from types import SimpleNamespace
+
     from verl.utils.tracking import FileLogger
 
     from stapo.tools.report import read_metrics
@@ -332,10 +336,20 @@ def test_a_resumed_run_keeps_the_file_loggers_earlier_steps(tmp_path, monkeypatc
     for step in (1, 2, 3):
         first.log({"stapo/masked_frac": step / 10}, step)  # killed during step 3, after its metrics
     first.finish()
-    STAPOTrainer(compose('trainer.logger=["console","file"]'))  # the resumed run, from global_step_2
-    second = FileLogger("p", "e")
-    for step in (3, 4):
+    trainer = STAPOTrainer(compose('trainer.logger=["console","file"]'))
+
+    def load(self):  # stands in for loading the checkpoint into the (GPU) actor workers
+        self.global_steps = 2 if resumed else 0
+
+    monkeypatch.setattr(PPOTrainerSync, "_load_checkpoint", load)
+    trainer.train_dataloader = SimpleNamespace(batch_size=1)  # one-prompt fetches: no position check
+    trainer._load_checkpoint()
+    second = FileLogger("p", "e")  # what fit() opens next
+    for step in (3, 4) if resumed else (1,):
         second.log({"stapo/masked_frac": step / 100}, step)
     second.finish()
-    assert (tmp_path / "metrics.1.jsonl").is_file()
-    assert read_metrics(path)["stapo/masked_frac"] == {1: 0.1, 2: 0.2, 3: 0.03, 4: 0.04}
+    if resumed:
+        assert read_metrics(path)["stapo/masked_frac"] == {1: 0.1, 2: 0.2, 3: 0.03, 4: 0.04}
+    else:
+        assert read_metrics(path)["stapo/masked_frac"] == {1: 0.01}
+        assert read_metrics(tmp_path / "metrics.previous-1.jsonl")["stapo/masked_frac"] == {1: 0.1, 2: 0.2, 3: 0.3}

@@ -110,14 +110,16 @@ def _first_line(error: Exception) -> str:
     return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
-def set_aside(path: Path) -> Path | None:
-    """Rename a non-empty ``path`` to the first free ``<stem>.<k><suffix>`` (k = 1, 2, ...) so that whatever opens
-    ``path`` for writing next cannot erase it; returns the new name (None when there was nothing to keep)."""
+def set_aside(path: Path, segment: bool = True) -> Path | None:
+    """Rename a non-empty ``path`` so that whatever opens it for writing next cannot erase it: to the first free
+    ``<stem>.<k><suffix>`` (k = 1, 2, ...), an earlier segment of the same log that :func:`segments` reads, or with
+    ``segment=False`` to ``<stem>.previous-<k><suffix>``, which it does not. Returns the new name (None when there was
+    nothing to keep)."""
     path = Path(path)
     if not path.is_file() or path.stat().st_size == 0:
         return None
-    k = 1
-    while (target := path.with_name(f"{path.stem}.{k}{path.suffix}")).exists():
+    k, label = 1, "" if segment else "previous-"
+    while (target := path.with_name(f"{path.stem}.{label}{k}{path.suffix}")).exists():
         k += 1
     os.replace(path, target)
     return target

@@ -1,9 +1,10 @@
 """Math answer rewards for verl's custom reward function (``reward.custom_reward_function.path=pkg://stapo.tools.reward``):
 
-* ``name=dapo_score``: the paper's training reward ("Reward Function: DAPO", STAPO v4 hyper-parameter table):
-  verl's own ``math_dapo`` rule checker, +1 / -1 (:func:`dapo_score`);
-* ``name=compute_score``: math-verify equivalence of the last ``\\boxed{}`` (or ``Answer:`` line) with the ground
-  truth, 1 / 0; what the evaluation grades with (:func:`compute_score`).
+* ``name=compute_score`` (the recipe's default): math-verify equivalence of the last ``\\boxed{}`` (or ``Answer:``
+  line) with the ground truth, 1 / 0; what the evaluation grades with (:func:`compute_score`);
+* ``name=dapo_score``: what the paper's hyper-parameter table names ("Reward Function: DAPO"), verl's own
+  ``math_dapo`` rule checker, +1 / -1 (:func:`dapo_score`). It was written for DAPO's ``Answer:`` template; under
+  the paper's boxed prompt it misses correct answers (see its docstring), hence not the default.
 
 Why our own code beside math-verify's and verl's (each point has a test in tests/test_reward.py showing what the
 library alone gets wrong):
@@ -289,11 +290,13 @@ def compute_score(
 def dapo_score(
     data_source: str | None, solution_str: str, ground_truth: Any, extra_info: Mapping | None = None, **kwargs: Any
 ) -> dict:
-    """The paper's training reward ("Reward Function: DAPO"): verl's ``math_dapo`` rule checker as the DAPO recipe
-    calls it. On the last 300 characters of the response: the last ``Answer:`` line, else the last ``\\boxed{}`` of
-    the last 100 characters, compared as a string with the ground truth after DAPO's normalisation; +1 if equal,
-    -1 otherwise. Adequate for DAPO-Math-17k, whose answers are all integers; stricter than :func:`compute_score`
-    (``\\frac{1}{2}`` is not 0.5). Returns ``{"score", "acc", "pred"}`` like :func:`compute_score`."""
+    """What the paper's table names as its training reward ("Reward Function: DAPO"): verl's ``math_dapo`` rule
+    checker as the DAPO recipe calls it, +1 if right, -1 otherwise. On the last 300 characters of the response it
+    takes the last ``Answer:`` line (compared with the ground truth after DAPO's normalisation), and only when there
+    is none the last ``\\boxed{}`` of the last 100 characters (compared as an exact string). Made for DAPO's
+    ``Answer:`` template: under a boxed prompt it scores ``**Final Answer:** \\boxed{42}``, ``\\boxed{ 42 }`` or a box
+    followed by 100 characters as wrong, and never credits ``\\frac{1}{2}`` for 0.5. Returns ``{"score", "acc",
+    "pred"}`` like :func:`compute_score`."""
     from verl.utils.reward_score import math_dapo
 
     result = math_dapo.compute_score(solution_str or "", "" if ground_truth is None else str(ground_truth))

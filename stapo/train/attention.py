@@ -76,6 +76,9 @@ def varlen_attention(module, query, key, value, attention_mask, scaling=None, dr
             f"attn_implementation={NAME} runs packed sequences only (actor_rollout_ref.model.use_remove_padding=True, "
             "no attention mask, no dropout)"
         )
+    causal = kwargs.get("is_causal", getattr(module, "is_causal", True))
+    if kwargs.get("sliding_window") or kwargs.get("softcap") or not causal:
+        raise ValueError(f"attn_implementation={NAME} computes full causal attention only (no sliding window, softcap)")
     q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # (tokens, heads, dim)
     sp = get_ulysses_sequence_parallel_world_size()
     if sp > 1:  # Ulysses: gather the sequence, scatter the heads (verl does this inside flash_attention_2 only)

@@ -108,12 +108,8 @@ def _gpu_problems(config: DictConfig) -> list[str]:
                 "local run)"
             ]
         found = cluster_gpus(address)
-        if found is None:
-            return [
-                f"RAY_ADDRESS={address}: no Ray cluster answered within {CLUSTER_TIMEOUT_S} s; start it (`ray start "
-                "--head` on the head node, `ray start --address=HEAD_IP:6379` on the others) or unset RAY_ADDRESS "
-                "for a local run"
-            ]
+        if isinstance(found, str):
+            return [f"RAY_ADDRESS={address}: {found}"]
         if found < needed:
             return [f"{where} needs {needed} GPUs; the Ray cluster at {address} has {found:g}: lower them or add nodes"]
         return []
@@ -144,20 +140,25 @@ def local_gpus() -> int:
     return torch.cuda.device_count()
 
 
-def cluster_gpus(address: str, timeout: float = CLUSTER_TIMEOUT_S) -> float | None:
+def cluster_gpus(address: str, timeout: float = CLUSTER_TIMEOUT_S) -> float | str:
     """The GPUs of the Ray cluster at ``address``, asked from a separate process (so that this driver's own
-    ``ray.init`` later still applies the recipe's runtime environment); None if it does not answer in time."""
+    ``ray.init`` later still applies the recipe's runtime environment); else why not, as one line."""
     code = (
         "import ray, sys; ray.init(address=sys.argv[1], logging_level='ERROR', log_to_driver=False); "
         "print(ray.cluster_resources().get('GPU', 0))"
     )
     try:
-        out = subprocess.run(
-            [sys.executable, "-c", code, address], capture_output=True, text=True, timeout=timeout, check=True
+        out = subprocess.run([sys.executable, "-c", code, address], capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return (
+            f"no Ray cluster answered within {timeout:g} s; start it (`ray start --head` on the head node, `ray start "
+            "--address=HEAD_IP:6379` on the others) or unset RAY_ADDRESS for a local run"
         )
+    try:
         return float(out.stdout.strip().splitlines()[-1])
-    except (subprocess.SubprocessError, ValueError, IndexError):
-        return None
+    except (ValueError, IndexError):
+        last = (out.stderr.strip().splitlines() or ["no output"])[-1][:300]
+        return f"connecting to the Ray cluster failed ({last}); check the address, Ray's version and RAY_AUTH_MODE"
 
 
 def _data_problems(config: DictConfig) -> list[str]:
@@ -233,14 +234,14 @@ def resume_problems(config: DictConfig) -> list[str]:
     """Checkpoints verl 0.9.1 would resume from wrongly, or silently ignore and overwrite (it starts from step 0
     when ``latest_checkpointed_iteration.txt`` is missing or names a missing folder); one line each."""
     trainer = config.trainer
+    mode = trainer.get("resume_mode", "auto")
+    if mode == "disable":
+        return []
     if trainer.get("max_actor_ckpt_to_keep") == 1:
         return [
             "trainer.max_actor_ckpt_to_keep=1: verl deletes the previous checkpoint before it writes the new one's "
             "data.pt and tracker, so a kill in between leaves nothing to resume from; use 2 or more (or null)"
         ]
-    mode = trainer.get("resume_mode", "auto")
-    if mode == "disable":
-        return []
     if mode not in ("auto", "resume_path"):
         return [f"trainer.resume_mode={mode!r}: use auto, disable or resume_path"]
     root = Path(str(trainer.default_local_dir)).expanduser().absolute()  # relative to the working directory, as verl
@@ -270,7 +271,13 @@ def resume_problems(config: DictConfig) -> list[str]:
             ]
     world = trainer.n_gpus_per_node * trainer.nnodes
     actor = folder / "actor"
-    needed = [actor / f"{kind}_world_size_{world}_rank_{rank}.pt" for kind in ("model", "optim", "extra_state")
+    contents = config.actor_rollout_ref.actor.get("checkpoint", {}).get(
+        "save_contents", ["model", "optimizer", "extra"]
+    )
+    kinds = [
+        kind for key, kind in (("model", "model"), ("optimizer", "optim"), ("extra", "extra_state")) if key in contents
+    ]
+    needed = [actor / f"{kind}_world_size_{world}_rank_{rank}.pt" for kind in kinds
               for rank in range(world)] + [actor / "fsdp_config.json", folder / "data.pt"]  # fmt: skip
     missing = [p for p in needed if not p.is_file() or p.stat().st_size == 0]
     if missing:

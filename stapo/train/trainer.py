@@ -19,8 +19,9 @@ resume check:
 
 The driver's own cost is timed every step: ``timing_s/stapo_mask`` and ``timing_s/stapo_restore``. After a resume,
 the restored dataloader must stand where the checkpoint's step left it (:func:`resume_position_problem`), and the
-file logger's earlier steps are kept: verl's ``FileLogger`` truncates its file when a run starts, so an existing
-one is set aside as ``<stem>.<k>.jsonl`` first (``stapo.tools.report.read_metrics`` reads the parts as one run).
+file logger's earlier steps are kept: verl's ``FileLogger`` truncates its file when a run starts, so an existing one
+is set aside first, as ``<stem>.<k>.jsonl`` when the run resumes (``stapo.tools.report.read_metrics`` reads the parts
+as one run) and as ``<stem>.previous-<k>.jsonl`` when it starts afresh.
 """
 
 from __future__ import annotations
@@ -125,18 +126,18 @@ class STAPOTrainer(PPOTrainerSync):
     def __init__(self, config):
         self.stapo = validate_training_config(config)
         super().__init__(config)
-        if "file" in config.trainer.logger:
-            kept = set_aside(file_logger_path(config))
-            if kept is not None:
-                print(f"STAPO: kept the earlier file-logger steps as {kept} (verl's FileLogger starts a new file)")
 
     def _build_replay_buffer(self):
-        self.trainer_mode = "sync"  # verl 0.9.1 tests for the literal name (module docstring)
+        # verl 0.9.1 tests for the literal name (module docstring); its base class read parameter_sync_step from
+        # trainer.v1.<mode> just before this call
+        self.trainer_mode = "sync"
+        self.parameter_sync_step = self.config.trainer.v1.get("sync", {}).get("parameter_sync_step", 1)
         return super()._build_replay_buffer()
 
     def _load_checkpoint(self):
         super()._load_checkpoint()
-        if self.global_steps:
+        if self.global_steps and self.train_dataloader.batch_size == self.config.data.train_batch_size:
+            # one fetch of train_batch_size prompts per step (not so with DAPO-style refills: no check then)
             problem = resume_position_problem(
                 self.train_dataloader.next_iter_state,
                 self.global_steps,
@@ -145,6 +146,12 @@ class STAPOTrainer(PPOTrainerSync):
             )
             if problem:
                 raise RuntimeError(f"STAPO resume check: {problem}")
+        if "file" in self.config.trainer.logger:  # verl opens its FileLogger ("wb") later, in fit()
+            path = file_logger_path(self.config)
+            kept = set_aside(path, segment=bool(self.global_steps))
+            if kept is not None:
+                what = "the steps before the checkpoint" if self.global_steps else "an earlier run's log"
+                print(f"STAPO: kept {what} as {kept} (verl's FileLogger starts {path} anew)")
 
     def _setup(self):
         super()._setup()
@@ -205,12 +212,13 @@ class STAPOTrainer(PPOTrainerSync):
         finally:
             start = time.perf_counter()
             self._put_masks(batch, originals)
+            restore_seconds = time.perf_counter() - start
         metrics.update(mask_metrics(stats))
         if bounds is not None:
             metrics.update(s2t_metrics({**observed, **bounds.result()}))
         # the driver's critical path (inside verl's timing_s/update_actor): read the inputs from TransferQueue, build
         # the mask, write the folded masks; then write the original masks back
-        metrics.update({"timing_s/stapo_mask": mask_seconds, "timing_s/stapo_restore": time.perf_counter() - start})
+        metrics.update({"timing_s/stapo_mask": mask_seconds, "timing_s/stapo_restore": restore_seconds})
         if audit.enabled():
             audit.write(
                 "driver",
