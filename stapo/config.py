@@ -9,6 +9,7 @@ driver in seconds, before Ray, vLLM and FSDP start.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -24,16 +25,19 @@ TRAINER_MODE = "stapo_sync"
 """verl V1 trainer mode of every recipe config (:class:`stapo.train.trainer.STAPOTrainer`)."""
 
 
+@functools.cache
 def methods() -> tuple[str, ...]:
     """Method names: the config files beside ``base.yaml`` (``stapo``, ``justrl``, ``grpo``, ``entropy20``)."""
     return tuple(sorted(p.stem for p in CONFIG_DIR.glob("*.yaml") if p.stem != "base"))
 
 
+@functools.cache
 def sizes() -> tuple[str, ...]:
     """Model-size names: the files of ``configs/size`` (``qwen3_1.7b``, ``qwen3_8b``, ``qwen3_14b``)."""
     return tuple(sorted((p.stem for p in (CONFIG_DIR / "size").glob("*.yaml")), key=_size_key))
 
 
+@functools.cache
 def title(name: str) -> str:
     """The display name of a method or size in tables and plots: ``recipe.method_title`` or ``recipe.size_title``
     of its config file."""

@@ -22,7 +22,7 @@ import json
 import math
 import re
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -172,9 +172,10 @@ def build_table(entries: Sequence[Entry], method: str = "stapo") -> Table:
     sources = [s for s in SOURCES if any(e.source == s for e in entries)]
     by_key = {(e.source, e.size, e.method, e.preset): e for e in entries}
     gains = relative_gains(entries, method)
+    size_order, methods_order = sizes(), method_order()
     keys = sorted(
         {(e.size, e.method, e.source) for e in entries},
-        key=lambda k: (sizes().index(k[0]), method_order().index(k[1]), SOURCES.index(k[2])),
+        key=lambda k: (size_order.index(k[0]), methods_order.index(k[1]), SOURCES.index(k[2])),
     )
     header = ["Size", "Method"] + (["Source"] if len(sources) > 1 else []) + [*BENCHMARK_TITLES, "Avg"]
     header.append(f"Gain of {title(method)}")
@@ -232,8 +233,15 @@ def to_latex(table: Table) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _entry_order(e: Entry) -> tuple[int, ...]:
-    return list(PRESETS).index(e.preset), SOURCES.index(e.source), sizes().index(e.size), method_order().index(e.method)
+def _entry_order() -> Callable[[Entry], tuple[int, ...]]:
+    """The sort key of entries: preset, source, size, then method in the paper's order."""
+    presets, size_order, methods_order = list(PRESETS), sizes(), method_order()
+    return lambda e: (
+        presets.index(e.preset),
+        SOURCES.index(e.source),
+        size_order.index(e.size),
+        methods_order.index(e.method),
+    )
 
 
 def to_csv(entries: Sequence[Entry], method: str = "stapo") -> str:
@@ -242,7 +250,7 @@ def to_csv(entries: Sequence[Entry], method: str = "stapo") -> str:
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(["source", "size", "method", "preset", *BENCHMARKS, "avg", f"gain_of_{method}_pct"])
-    for e in sorted(entries, key=_entry_order):
+    for e in sorted(entries, key=_entry_order()):
         gain = gains.get((e.source, e.preset), {}).get(e.size) if e.method == method else None
         values = ["" if v is None else f"{v:.4f}" for v in (*e.scores, gain)]
         writer.writerow([e.source, e.size, e.method, e.preset, *values])
