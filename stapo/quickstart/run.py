@@ -27,7 +27,9 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -54,17 +56,26 @@ PROMPTS, ROLLOUTS = 64, 8
 
 
 # ------------------------------------------------------------------------------------------------- model and data
-def build(out: Path, seed: int, n_train: int, n_val: int, hidden_size: int, num_layers: int):
+def build(
+    out: Path, seed: int, n_train: int, n_val: int, hidden_size: int, num_layers: int, tokenizer: Path | None = None
+):
     """The task's parquet files (``out/data``) and a random tiny Qwen3 with its tokenizer (``out/base``).
 
+    The tokenizer is a 512-token BPE trained on the task's text, or the saved Hugging Face tokenizer in the folder
+    ``tokenizer`` (e.g. Qwen's vocabulary from :func:`stapo.quickstart.tiny.build_qwen_tokenizer`).
     Returns the splits, the parquet paths by split and the model folder.
     """
     from stapo.quickstart.tiny import build_model, build_tokenizer
 
     splits = task.generate(seed, n_train, n_val)
     paths = task.write_task(splits, out / "data", seed)
-    texts = [make_prompt(p.question)[0]["content"] + "\n" + p.solution for ps in splits.values() for p in ps]
-    tokenizer = build_tokenizer(texts + ["user", "assistant"], out / "base")
+    if tokenizer is None:
+        texts = [make_prompt(p.question)[0]["content"] + "\n" + p.solution for ps in splits.values() for p in ps]
+        tokenizer = build_tokenizer(texts + ["user", "assistant"], out / "base")
+    else:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer)
     build_model(tokenizer, out / "base", hidden_size=hidden_size, num_layers=num_layers, seed=seed)
     return splits, paths, out / "base"
 
@@ -261,15 +272,20 @@ def run_gpu(args: argparse.Namespace, warm: Path, paths: dict[str, Path], val: l
 
 
 # ---------------------------------------------------------------------------------------------------------- CLI
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m stapo.quickstart", description=__doc__.split("\n\n")[0])
-    parser.add_argument("mode", choices=("cpu", "gpu"), help="gpu: train with verl; cpu: mask demonstration")
+def add_model_options(parser: argparse.ArgumentParser) -> None:
+    """The options of the task, the tiny model and its warm-up (shared with :mod:`stapo.quickstart.experiment`)."""
     parser.add_argument("--out", type=Path, default=Path("outputs/quickstart"), help="output folder")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the task's split, the model and the warm-up")
     parser.add_argument("--train", type=int, default=600, help="training problems")
     parser.add_argument("--val", type=int, default=100, help="validation problems")
     parser.add_argument("--hidden-size", type=int, default=256)
     parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument(
+        "--tokenizer",
+        type=Path,
+        help="saved Hugging Face tokenizer to use instead of the task's 512-token BPE, e.g. Qwen's vocabulary "
+        "(stapo.quickstart.tiny.build_qwen_tokenizer; then pass --tau-p 0.002, the paper's value)",
+    )
     parser.add_argument("--warmup-steps", type=int, default=300, help="supervised warm-up steps")
     parser.add_argument("--batch-size", type=int, default=32, help="warm-up batch size")
     parser.add_argument("--lr", type=float, default=3e-3, help="warm-up peak learning rate")
@@ -279,27 +295,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--tau-p", type=float, default=DEMO_TAU_P, help="S2T tau_p (see DEMO_TAU_P)")
     parser.add_argument("--q", type=float, default=StapoConfig.q, help="S2T entropy quantile (stapo.q)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m stapo.quickstart", description=__doc__.split("\n\n")[0])
+    parser.add_argument("mode", choices=("cpu", "gpu"), help="gpu: train with verl; cpu: mask demonstration")
+    add_model_options(parser)
     parser.add_argument("--steps", type=int, default=12, help="gpu: RL steps per method")
     return parser
 
 
-def check_args(args: argparse.Namespace) -> None:
-    """Every option, before any work (a bad value must not surface after the warm-up or a whole JustRL run)."""
+def check_model_args(args: argparse.Namespace) -> None:
+    """The options of :func:`add_model_options`, before any work (a bad value must not surface after the warm-up or
+    a whole training run)."""
     try:
         StapoConfig(mask="s2t", tau_p=args.tau_p, q=args.q)
     except StapoConfigError as error:
         raise SystemExit(f"error: --{str(error).removeprefix('stapo.').replace('_', '-')}") from None
-    positive = (
-        "train",
-        "val",
-        "hidden_size",
-        "layers",
-        "warmup_steps",
-        "batch_size",
-        "eval_problems",
-        "samples",
-        "steps",
-    )
+    positive = ("train", "val", "hidden_size", "layers", "warmup_steps", "batch_size", "eval_problems", "samples")
     for name in positive:
         if getattr(args, name) < 1:
             raise SystemExit(f"error: --{name.replace('_', '-')}={getattr(args, name)}: must be a positive integer")
@@ -311,6 +324,19 @@ def check_args(args: argparse.Namespace) -> None:
         task.generate(args.seed, args.train, args.val)
     except ValueError as error:
         raise SystemExit(f"error: --train/--val: {error}") from None
+    if args.tokenizer is not None and not (args.tokenizer / "tokenizer_config.json").is_file():
+        raise SystemExit(
+            f"error: --tokenizer={args.tokenizer}: no tokenizer_config.json there; pass a folder written by "
+            "save_pretrained (Qwen's: python -c \"from stapo.quickstart.tiny import build_qwen_tokenizer as b; "
+            "b('qwen_tok')\")"
+        )
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Every option of the quickstart, before any work."""
+    check_model_args(args)
+    if args.steps < 1:
+        raise SystemExit(f"error: --steps={args.steps}: must be a positive integer")
     if args.mode == "gpu":
         if not torch.cuda.is_available():
             raise SystemExit("error: gpu mode needs a CUDA GPU (torch.cuda.is_available() is False); run `cpu`")
@@ -319,17 +345,32 @@ def check_args(args: argparse.Namespace) -> None:
             raise SystemExit(f"error: {args.out} already holds a quickstart training run; pass a new --out")
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    """Command-line entry point (``python -m stapo.quickstart``)."""
-    args = build_parser().parse_args(argv)
-    check_args(args)
+@dataclass
+class Warm:
+    """What :func:`prepare` made: the task's splits and parquet paths, the warmed-up model (in memory and saved in
+    ``folder``) and its graded samples on the first validation problems."""
+
+    splits: dict[str, list[task.ArithProblem]]
+    paths: dict[str, Path]
+    folder: Path
+    model: Any
+    tokenizer: Any
+    problems: list[task.ArithProblem]
+    responses: list[list[str]]
+    scores: list[list[float]]
+
+
+def prepare(args: argparse.Namespace, device: str) -> Warm:
+    """Task, tiny model and supervised warm-up on ``device`` (options of :func:`add_model_options`); the warmed-up
+    model is saved in ``args.out / "warmup"`` and its sampled accuracy printed before and after."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging
 
     logging.disable_progress_bar()
-    device = "cuda" if args.mode == "gpu" else "cpu"
     start = time.time()
-    splits, paths, base = build(args.out, args.seed, args.train, args.val, args.hidden_size, args.layers)
+    splits, paths, base = build(
+        args.out, args.seed, args.train, args.val, args.hidden_size, args.layers, tokenizer=args.tokenizer
+    )
     print(f"task: {args.train} train / {args.val} validation problems in {args.out / 'data'}; tiny model in {base}")
     tokenizer = AutoTokenizer.from_pretrained(base)
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).to(device)
@@ -338,20 +379,28 @@ def main(argv: Sequence[str] | None = None) -> None:
     losses = warmup(model, tokenizer, splits["train"], args.warmup_steps, args.batch_size, args.lr, args.seed)
     responses = sample(model, tokenizer, problems, args.samples, args.seed)
     scores = score_responses(problems, responses)
-    warm = args.out / "warmup"
-    model.save_pretrained(warm)  # float32, as stapo.quickstart.tiny saves the random model
-    tokenizer.save_pretrained(warm)
+    folder = args.out / "warmup"
+    model.save_pretrained(folder)  # float32, as stapo.quickstart.tiny saves the random model
+    tokenizer.save_pretrained(folder)
     print(
         f"warm-up: {args.warmup_steps} steps on {device}, loss {losses[0]:.3f} -> {losses[-1]:.3f} "
         f"({time.time() - start:.0f} s since start); sampled accuracy (T = 1.0) on {len(problems)} validation "
         f"problems x {args.samples}: "
-        f"{100 * before:.1f}% -> {100 * mean(scores):.1f}%; model in {warm}"
+        f"{100 * before:.1f}% -> {100 * mean(scores):.1f}%; model in {folder}"
     )
     print(f"example response: {responses[0][0]!r} (answer {problems[0].answer})")
+    return Warm(splits, paths, folder, model, tokenizer, problems, responses, scores)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Command-line entry point (``python -m stapo.quickstart``)."""
+    args = build_parser().parse_args(argv)
+    check_args(args)
+    warm = prepare(args, "cuda" if args.mode == "gpu" else "cpu")
     if args.mode == "gpu":
-        run_gpu(args, warm, paths, splits["validation"])
+        run_gpu(args, warm.folder, warm.paths, warm.splits["validation"])
     else:
-        run_cpu(args, model, tokenizer, problems, responses, scores)
+        run_cpu(args, warm.model, warm.tokenizer, warm.problems, warm.responses, warm.scores)
         print(f"outputs: {args.out} (task: data/, random model: base/, warmed-up model: warmup/)")
 
 

@@ -8,9 +8,9 @@ size) and writes the paper's main table as ``table.md``, ``table.tex`` and ``tab
 their mean (Avg) and the relative gain of ``--method`` over the strongest other method at the same size and preset.
 ``--paper`` adds the published v1 table (stapo/tools/paper_table.json), alone or side by side with the runs.
 
-``plot`` draws actor entropy, mean reward, validation accuracy and ``stapo/masked_frac`` against the step, one line
-per run, from verl's file logger (JSONL), its console output or a TensorBoard run folder. docs/evaluation.md shows
-examples.
+``plot`` draws actor entropy, mean reward, response length, validation accuracy, ``stapo/masked_frac`` and the
+``s2t/*`` share of flagged tokens and of their gradient-norm bound against the step, one line per run, from verl's file
+logger (JSONL), its console output or a TensorBoard run folder. docs/evaluation.md shows examples.
 """
 
 from __future__ import annotations
@@ -39,10 +39,13 @@ DEFAULT_REPORT = Path("outputs/report")
 PLOTS = {
     "entropy": ("actor/entropy", "actor entropy"),
     "reward": ("critic/score/mean", "mean reward"),
+    "response_length": ("response_length/mean", "mean response length (tokens)"),
     "masked_frac": ("stapo/masked_frac", "stapo/masked_frac (silenced share of tokens)"),
+    "spurious_frac": ("s2t/spurious_frac", "s2t/spurious_frac (share of tokens S2T flags)"),
+    "spurious_share": ("s2t/grad_bound/spurious_share", "flagged tokens' share of the gradient-norm bound"),
 }
 """Figure name -> (verl metric, axis label). Validation accuracy adds one figure per ``val-core`` data source."""
-_VALIDATION = re.compile(r"val-core/(?P<source>.+)/acc/mean@\d+")
+VALIDATION = re.compile(r"val-core/(?P<source>.+)/acc/mean@\d+")
 _CONSOLE = re.compile(r"\bstep:(\d+) - (.*)")
 _WRAPPED = re.compile(r"[\w.]+\(([^,]*).*\)")  # np.float64(0.5), tensor(0.5, device='cuda:0')
 
@@ -334,8 +337,19 @@ def parse_run_arg(value: str) -> tuple[str, Path]:
     return label, Path(path)
 
 
-def plot_runs(runs: dict[str, dict[str, dict[int, float]]], out_dir: Path) -> tuple[list[Path], list[str]]:
-    """One PNG per metric with one line per run; returns the files written and the metrics no run has."""
+def band(series: Sequence[dict[int, float]]) -> tuple[list[int], list[float], list[float], list[float]]:
+    """Steps every series has a (non-NaN) value at, and the mean, minimum and maximum over the series there."""
+    steps = sorted(set.intersection(*({s for s, v in one.items() if not math.isnan(v)} for one in series)))
+    values = [[one[s] for one in series] for s in steps]
+    return steps, [statistics.fmean(v) for v in values], [min(v) for v in values], [max(v) for v in values]
+
+
+def plot_runs(runs: dict[str, Sequence[dict[str, dict[int, float]]]], out_dir: Path) -> tuple[list[Path], list[str]]:
+    """One PNG per metric with one line per label; returns the files written and the metrics no run has.
+
+    A label holds one run (its curve) or several, e.g. the seeds of one method: then the line is their mean over the
+    steps all of them logged, and a shaded band spans their minimum to maximum.
+    """
     try:
         import matplotlib
     except ImportError:
@@ -344,14 +358,17 @@ def plot_runs(runs: dict[str, dict[str, dict[int, float]]], out_dir: Path) -> tu
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figures = {name: {label: m[key] for label, m in runs.items() if key in m} for name, (key, _) in PLOTS.items()}
+    figures: dict[str, dict[str, list[dict[int, float]]]] = {name: {} for name in PLOTS}
     titles = {name: title for name, (_, title) in PLOTS.items()}
-    for label, metrics in runs.items():
-        for key, series in metrics.items():
-            match = _VALIDATION.fullmatch(key)
-            if match:
+    for label, group in runs.items():
+        for name, (key, _) in PLOTS.items():
+            if all(key in m for m in group):
+                figures[name][label] = [m[key] for m in group]
+        for key in group[0]:
+            match = VALIDATION.fullmatch(key)
+            if match and all(key in m for m in group):
                 name = f"val_{re.sub(r'[^A-Za-z0-9_.-]', '_', match['source'])}"
-                figures.setdefault(name, {})[label] = series
+                figures.setdefault(name, {})[label] = [m[key] for m in group]
                 titles[name] = f"validation accuracy, {match['source']} ({key.rpartition('/')[2]})"
     written, missing = [], [name for name, lines in figures.items() if not lines]
     for name, lines in figures.items():
@@ -359,9 +376,11 @@ def plot_runs(runs: dict[str, dict[str, dict[int, float]]], out_dir: Path) -> tu
             continue
         figure, axes = plt.subplots(figsize=(6.4, 4.0))
         for label, series in lines.items():
-            steps = sorted(s for s in series if not math.isnan(series[s]))
+            steps, mean, low, high = band(series)
             marker = "o" if len(steps) <= 60 else None  # sparse series (validation) stay visible
-            axes.plot(steps, [series[s] for s in steps], label=label, linewidth=1.2, marker=marker, markersize=3)
+            line = axes.plot(steps, mean, label=label, linewidth=1.2, marker=marker, markersize=3)[0]
+            if len(series) > 1:
+                axes.fill_between(steps, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
         axes.set(xlabel="step", ylabel=titles[name], title=titles[name])
         axes.grid(alpha=0.3)
         axes.legend()
@@ -400,7 +419,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             runs = dict(map(parse_run_arg, args.runs))
             if len(runs) != len(args.runs):
                 raise ReportError("two logs share a label; name them LABEL=PATH")
-            paths, missing = plot_runs({label: read_metrics(path) for label, path in runs.items()}, args.out)
+            paths, missing = plot_runs({label: [read_metrics(path)] for label, path in runs.items()}, args.out)
             if missing:
                 print(f"no run logged: {', '.join(PLOTS[name][0] for name in missing)}")
     except ReportError as error:
