@@ -6,7 +6,10 @@ and curves) from metrics written by verl's own FileLogger. The training runs the
 from __future__ import annotations
 
 import json
+import re
 import statistics
+import subprocess
+import sys
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -17,15 +20,52 @@ from stapo.quickstart import experiment as ex
 from stapo.train.main import validate
 
 
-def test_plan_puts_every_method_once_on_each_gpu():
-    runs = ex.plan(["justrl", "stapo", "grpo"], [0, 1, 2], ["0", "1", "2"])
-    assert len({r.name for r in runs}) == 9
-    for gpu in "012":
-        mine = [r for r in runs if r.gpu == gpu]
-        assert sorted(r.method for r in mine) == ["grpo", "justrl", "stapo"]
-        assert sorted(r.wave for r in mine) == [0, 1, 2]
-    uneven = ex.plan(["justrl", "stapo"], [0, 1, 2], ["0", "1", "2", "3"])
-    assert sorted(sum(r.gpu == g for r in uneven) for g in "0123") == [1, 1, 2, 2]
+def test_plan_is_seed_major():
+    runs = ex.plan(["justrl", "stapo", "grpo"], [0, 1, 2])
+    assert [r.name for r in runs[:4]] == ["justrl-s0", "stapo-s0", "grpo-s0", "justrl-s1"] and len(set(runs)) == 9
+
+
+STUB = """
+import os, sys, time, ray
+ray.init(log_to_driver=False)  # RAY_ADDRESS: the experiment's cluster
+@ray.remote(num_gpus=1)
+def hold(seconds):
+    start = time.time()
+    time.sleep(seconds)
+    return os.environ["CUDA_VISIBLE_DEVICES"], start, time.time()
+gpu, start, end = ray.get(hold.remote(float(sys.argv[1])))
+print("job", ray.get_runtime_context().get_job_id(), "gpu", gpu, "from", start, "to", end, flush=True)
+sys.exit(int(sys.argv[2]))
+"""
+
+
+def test_launch_runs_one_job_per_gpu_on_one_ray_cluster(tmp_path):
+    """A stub stands in for the training command (verl's trainer needs GPUs); the Ray cluster is real, with two GPUs
+    declared to Ray (``ray start --num-gpus``), as the experiment starts it on a GPU machine."""
+    runs = ex.plan(["justrl", "stapo"], [0, 1])
+    finished = tmp_path / "runs" / "stapo-s1"
+    finished.mkdir(parents=True)
+    (finished / "exit_code").write_text("0\n")  # a run finished before is kept, not started again
+    script = tmp_path / "stub.py"
+    script.write_text(STUB)
+
+    def command(run):
+        return [sys.executable, str(script), "8", "1" if run.name == "stapo-s0" else "0"]
+
+    codes = ex.launch(runs, command, ["0", "1"], tmp_path)
+    assert codes == {"justrl-s0": 0, "stapo-s0": 1, "justrl-s1": 0, "stapo-s1": 0}
+    logs = {r.name: (tmp_path / "runs" / r.name / "train.log").read_text() for r in runs[:3]}
+    jobs = [re.search(r"job (\w+) gpu (\d) from (\S+) to (\S+)", log).groups() for log in logs.values()]
+    assert len({job for job, *_ in jobs}) == 3  # distinct Ray job ids: verl's weight-transfer sockets cannot collide
+    held = sorted((float(start), +1, gpu) for _, gpu, start, _ in jobs) + sorted(
+        (float(end), -1, gpu) for _, gpu, _, end in jobs
+    )
+    busy = [sum(change for _, change, _ in sorted(held)[: i + 1]) for i in range(len(held))]
+    assert max(busy) == 2  # both GPUs were used at once, never more runs than GPUs
+    assert (tmp_path / "runs" / "stapo-s0" / "exit_code").read_text() == "1\n"
+    assert not (tmp_path / "runs" / "stapo-s1" / "train.log").exists()
+    ray_processes = subprocess.run(["pgrep", "-f", "gcs_server|raylet"], capture_output=True, text=True).stdout
+    assert not ray_processes.strip(), "the experiment's Ray cluster was left running"
 
 
 @pytest.mark.parametrize("method", ["justrl", "stapo", "grpo", "entropy20"])
@@ -34,14 +74,13 @@ def test_run_overrides_compose_and_validate(method, tmp_path):
         ["run", "--out", str(tmp_path), "--tau-p", "0.002", "--steps", "150", "--test-freq", "25", "--val-n", "4"]
     )
     paths = {"train": tmp_path / "train.parquet", "validation": tmp_path / "validation.parquet"}
-    run = ex.Run(method, 7, "2", 1)
+    run = ex.Run(method, 7)
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-        cfg = compose(config_name=method, overrides=ex.run_overrides(run, tmp_path / "warmup", paths, args, 3))
+        cfg = compose(config_name=method, overrides=ex.run_overrides(run, tmp_path / "warmup", paths, args))
     stapo = validate(cfg, environment=False)
     assert (cfg.data.seed, cfg.actor_rollout_ref.rollout.seed) == (7, 7)
     assert (cfg.trainer.total_training_steps, cfg.trainer.test_freq, cfg.trainer.save_freq) == (150, 25, 50)
     assert cfg.trainer.val_before_train and cfg.actor_rollout_ref.rollout.val_kwargs.n == 4
-    assert cfg.actor_rollout_ref.rollout.gpu_memory_utilization == 0.2  # three runs share the GPU
     assert cfg.trainer.experiment_name == f"experiment_{method}-s7"
     assert cfg.trainer.default_local_dir == str(tmp_path / "runs" / f"{method}-s7" / "ckpt")
     assert stapo.tau_p == 0.002 and stapo.metrics  # the s2t/* metrics observe the same rule in every method
@@ -73,16 +112,16 @@ def test_continuing_with_other_model_options_is_refused(tmp_path):
     assert ex.warm_model(args) == tmp_path / "warmup"  # the same options: the model from before, no warm-up
 
 
-def log_run(monkeypatch, folder, method, seed, val, entropy, masked=None):
-    """A run's metrics through verl's FileLogger: validation at steps 0 and 4, training metrics at steps 1-4."""
+def log_run(monkeypatch, folder, method, seed, steps, val, entropy, masked=None):
+    """A run's metrics through verl's FileLogger: validation at steps 0 and 4, training metrics at steps 1..steps."""
     path = folder / "runs" / f"{method}-s{seed}" / "metrics.jsonl"
     path.parent.mkdir(parents=True)
     monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(path))
     logger = FileLogger("experiment", method)
     logger.log({"val-core/arith/acc/mean@4": val[0]}, step=0)
-    for step in range(1, 5):
+    for step in range(1, steps + 1):
         data = {"critic/score/mean": 0.1 * step, "actor/entropy": entropy[step - 1], "response_length/mean": 30.0}
-        data |= {"s2t/spurious_frac": 0.01, "s2t/grad_bound/spurious_share": 0.05}
+        data |= {"s2t/grad_bound/candidate_mean": 2.0 * step, "s2t/grad_bound/other_mean": 0.5}
         if masked is not None:
             data["stapo/masked_frac"] = masked
         if step == 4:
@@ -91,22 +130,23 @@ def log_run(monkeypatch, folder, method, seed, val, entropy, masked=None):
     logger.finish()
 
 
-def test_summary_table_and_curves_from_verls_file_logger(tmp_path, monkeypatch):
-    log_run(monkeypatch, tmp_path, "justrl", 0, (0.25, 0.50), [1.0, 1.2, 1.4, 1.6])
-    log_run(monkeypatch, tmp_path, "justrl", 1, (0.30, 0.60), [1.0, 1.1, 1.2, 1.3])
-    log_run(monkeypatch, tmp_path, "stapo", 0, (0.25, 0.70), [1.0, 1.0, 1.0, 1.0], masked=0.002)
+def test_summary_compares_methods_at_the_steps_every_run_reached(tmp_path, monkeypatch):
+    log_run(monkeypatch, tmp_path, "justrl", 0, 4, (0.25, 0.50), [1.0, 1.2, 1.4, 1.6])
+    log_run(monkeypatch, tmp_path, "justrl", 1, 4, (0.30, 0.60), [1.0, 1.1, 1.2, 1.3])
+    log_run(monkeypatch, tmp_path, "stapo", 0, 6, (0.25, 0.70), [1.0, 1.0, 1.0, 1.0, 9.0, 9.0], masked=0.002)
     table = ex.summarize(tmp_path, tmp_path / "plots")
-    rows = {line.split(" | ")[0].strip("| "): line for line in table.splitlines()[2:]}
-    header = [c.strip() for c in table.splitlines()[0].strip("|").split("|")]
-    justrl = [c.strip() for c in rows["justrl"].strip("|").split("|")]
-    cell = dict(zip(header, justrl))
-    assert cell["seeds"] == "0,1" and cell["steps"] == "4"
-    assert cell["val acc @ step 0"] == f"27.5 ± {statistics.stdev([25, 30]):.2g}"
-    assert cell["val acc @ step 4"] == f"55 ± {statistics.stdev([50, 60]):.2g}"
-    assert cell["entropy (last 10)"].startswith(f"{statistics.fmean([1.3, 1.15]):.4g} ±")
-    assert cell["silenced % (last 10)"] == "-"  # JustRL silences nothing and logs no stapo/masked_frac
-    stapo = dict(zip(header, [c.strip() for c in rows["stapo"].strip("|").split("|")]))
-    assert stapo["silenced % (last 10)"] == "0.2" and stapo["val acc @ step 4"] == "70"
+    header, _, *lines = [[c.strip() for c in line.strip("|").split("|")] for line in table.splitlines()]
+    rows = {cells[0]: dict(zip(header, cells)) for cells in lines}
+    justrl, stapo = rows["justrl"], rows["stapo"]
+    assert (justrl["seeds"], justrl["steps run"], stapo["steps run"]) == ("0,1", "4/4", "6")
+    assert justrl["val acc % @ 0"] == f"27.5 ± {statistics.stdev([25, 30]):.2g}"
+    assert justrl["val acc % @ 4"] == f"55 ± {statistics.stdev([50, 60]):.2g}" and stapo["val acc % @ 4"] == "70"
+    # every run reached step 4: STAPO's steps 5 and 6 (entropy 9) are left out of the comparison
+    assert justrl["entropy @ 1-4"] == f"{statistics.fmean([1.3, 1.15]):.4g} ± {statistics.stdev([1.3, 1.15]):.2g}"
+    assert stapo["entropy @ 1-4"] == "1" and stapo["reward @ 1-4"] == f"{statistics.fmean([0.1, 0.2, 0.3, 0.4]):.4g}"
+    assert justrl["silenced % @ 1-4"] == "-"  # JustRL silences nothing and logs no stapo/masked_frac
+    assert stapo["silenced % @ 1-4"] == "0.2"
+    assert stapo["candidate / other bound @ 1-4"] == f"{statistics.fmean([4 * s for s in range(1, 5)]):.4g}"
     assert (tmp_path / "summary.md").read_text() == table
-    for name in ("entropy", "reward", "masked_frac", "spurious_share", "val_arith"):
+    for name in ("entropy", "reward", "masked_frac", "val_arith"):
         assert (tmp_path / "plots" / f"{name}.png").stat().st_size > 1000

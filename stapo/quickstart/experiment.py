@@ -6,18 +6,19 @@
 
 ``run`` builds the task and a tiny Qwen3 and warms it up once (:func:`stapo.quickstart.run.prepare`, on the first
 GPU), then trains every (method, seed) from that one warmed-up model through the real trainer (``python -m
-stapo.train --config-name=METHOD``: verl V1, vLLM, FSDP), all runs at once, spread over the GPUs (several per GPU:
-a tiny model leaves the GPU idle most of the time). A run's seed sets the order of the prompts (``data.seed``) and
-vLLM's sampling (``actor_rollout_ref.rollout.seed``); every run validates on the task's validation split every
-``--test-freq`` steps, checkpoints every ``--save-freq`` steps, and logs verl's metrics with the recipe's ``stapo/*``
-and ``s2t/*`` (the S2T rule observed at the old policy in every run, applied only by STAPO). Each run writes
-``DIR/runs/METHOD-sSEED/{train.log,metrics.jsonl,exit_code}``. The same command again continues: finished runs are
-kept, the others resume from their latest checkpoint (verl's ``resume_mode: auto``).
+stapo.train --config-name=METHOD``: verl V1, vLLM, FSDP), one run per GPU at a time, all of them jobs of one Ray
+cluster that the command starts over ``--gpus`` (:func:`ray_cluster` says why one). A run's seed sets the order of
+the prompts (``data.seed``) and vLLM's sampling (``actor_rollout_ref.rollout.seed``); every run validates on the
+task's validation split every ``--test-freq`` steps, checkpoints every ``--save-freq`` steps, and logs verl's metrics
+with the recipe's ``stapo/*`` and ``s2t/*`` (the S2T rule observed at the old policy in every run, applied only by
+STAPO). Each run writes ``DIR/runs/METHOD-sSEED/{train.log,metrics.jsonl,exit_code}``. The same command again
+continues: finished runs are kept, the others resume from their latest checkpoint (verl's ``resume_mode: auto``).
 
-``summary`` reads the runs' metrics and writes ``summary.md`` (per method: mean ± standard deviation over seeds of the
-validation accuracy before and after training, the training reward, the actor entropy, the response length, the
-silenced share and the gradient-norm bound of the tokens S2T flags) and, with matplotlib, the curves of each method as
-the mean over seeds with a min-max band (:func:`stapo.tools.report.plot_runs`). docs/experiments.md reports a run.
+``summary`` reads the runs' metrics and writes ``summary.md`` (per method, at the steps every run reached: mean ±
+standard deviation over seeds of the validation accuracy before and after training, the training reward, the actor
+entropy, the response length, the silenced share and the gradient-norm bound of the tokens S2T flags) and, with
+matplotlib, the curves of each method as the mean over seeds with a min-max band
+(:func:`stapo.tools.report.plot_runs`). docs/experiments.md reports a run.
 """
 
 from __future__ import annotations
@@ -26,11 +27,14 @@ import argparse
 import json
 import math
 import os
+import signal
+import socket
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,41 +72,35 @@ MODEL_OPTIONS = (
 """Options that define the warmed-up model: a continued experiment must be given the same ones."""
 MAX_WARMUP_ROUNDS = 4
 """Warm-up rounds (of ``--warmup-steps`` each) at most while the sampled accuracy is below ``--warmup-target``."""
+POLL_S = 5.0
+"""Seconds between two looks at the runs and the free GPUs."""
 LAST = 10
-"""Steps at the end of a run whose training metrics are averaged for the table."""
+"""Steps at the end (of the steps every run reached) over which the table averages the training metrics."""
 
 
 @dataclass(frozen=True)
 class Run:
-    """One training run of the experiment: a method, a seed, the GPU it runs on and its place in that GPU's queue of
-    starts (``wave``)."""
+    """One training run of the experiment."""
 
     method: str
     seed: int
-    gpu: str
-    wave: int
 
     @property
     def name(self) -> str:
         return f"{self.method}-s{self.seed}"
 
 
-def plan(method_names: Sequence[str], seeds: Sequence[int], gpus: Sequence[str]) -> list[Run]:
-    """Every (method, seed) on a GPU, diagonally: run ``i`` (seed-major order) goes to GPU ``(i + i // G) % G``, so
-    that with as many methods as GPUs each GPU holds every method once and no method shares a GPU with itself."""
-    runs, count = [], {gpu: 0 for gpu in gpus}
-    for i, (seed, method) in enumerate((s, m) for s in seeds for m in method_names):
-        gpu = gpus[(i + i // len(gpus)) % len(gpus)]
-        runs.append(Run(method, seed, gpu, count[gpu]))
-        count[gpu] += 1
-    return runs
+def plan(method_names: Sequence[str], seeds: Sequence[int]) -> list[Run]:
+    """Every (method, seed), seed-major: the runs start in this order, so that every method has as many finished
+    seeds as the others at any time."""
+    return [Run(method, seed) for seed in seeds for method in method_names]
 
 
-def run_overrides(run: Run, warm: Path, paths: dict[str, Path], args: argparse.Namespace, per_gpu: int) -> list[str]:
+def run_overrides(run: Run, warm: Path, paths: dict[str, Path], args: argparse.Namespace) -> list[str]:
     """Hydra overrides of one run: the quickstart's run (:func:`stapo.quickstart.run.train_overrides`) with the run's
     seed, ``--steps``, validation every ``--test-freq`` steps (``--val-n`` samples per problem), checkpoints every
-    ``--save-freq`` steps, the same S2T thresholds in every method (observed by the ``s2t/*`` metrics where not
-    applied) and vLLM's share of the GPU divided among the runs that share it."""
+    ``--save-freq`` steps and the same S2T thresholds in every method (observed by the ``s2t/*`` metrics where not
+    applied)."""
     out = args.out / "runs" / run.name
     changes = {
         "trainer.experiment_name": f"experiment_{run.name}",
@@ -113,7 +111,6 @@ def run_overrides(run: Run, warm: Path, paths: dict[str, Path], args: argparse.N
         "trainer.max_actor_ckpt_to_keep": 2,
         "actor_rollout_ref.actor.checkpoint.save_contents": "[model,optimizer,extra]",
         "actor_rollout_ref.rollout.val_kwargs.n": args.val_n,
-        "actor_rollout_ref.rollout.gpu_memory_utilization": round(min(0.3, 0.6 / per_gpu), 3),
         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": PROMPTS // 4 * ROLLOUTS,  # GRPO's KL reference
         "stapo.tau_p": args.tau_p,
         "stapo.q": args.q,
@@ -121,34 +118,91 @@ def run_overrides(run: Run, warm: Path, paths: dict[str, Path], args: argparse.N
     return replace_overrides(train_overrides(run.method, warm, paths, args.steps, out, args.tau_p), changes)
 
 
-def launch(runs: Sequence[Run], warm: Path, paths: dict[str, Path], args: argparse.Namespace) -> dict[str, int]:
-    """Start every unfinished run (a GPU's later runs ``--stagger`` seconds apart, so that their vLLM engines do not
-    measure memory at the same moment), wait for all, and return each run's exit code (0 for runs kept from before).
+@contextmanager
+def ray_cluster(gpus: Sequence[str], log: Path) -> Iterator[str]:
+    """One Ray cluster on this machine over ``gpus`` for all the experiment's runs; yields its address, and stops it
+    on exit. This process stays connected, to see which GPUs are free.
+
+    Why one cluster: verl 0.9.1 names the socket over which a run's trainer hands its weights to vLLM after the Ray
+    job id (``/tmp/rl-colocate-zmq-<job id>-replica-0-rank-0.sock``, verl PR #6246), and a fresh Ray cluster
+    numbers its first job ``01000000``: runs that each start their own cluster on one machine bind the same socket,
+    then hang or load each other's weights (docs/experiments.md). The jobs of one cluster get distinct ids.
     """
-    per_gpu = max(sum(r.gpu == gpu for r in runs) for gpu in {r.gpu for r in runs})
-    codes, started = {}, []
-    start = last = time.monotonic() - 5
-    for run in sorted(runs, key=lambda r: r.wave):
-        out = args.out / "runs" / run.name
-        if (out / "exit_code").is_file() and (out / "exit_code").read_text().strip() == "0":
+    import ray
+    from ray._private.services import get_node_ip_address
+
+    with socket.socket() as probe:
+        probe.bind(("", 0))
+        port = probe.getsockname()[1]
+    cmd = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", f"--port={port}"]
+    cmd += [f"--num-gpus={len(gpus)}", "--include-dashboard=false", "--disable-usage-stats"]
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(gpus)}
+    with open(log, "a") as out:
+        head = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    address = f"{get_node_ip_address()}:{port}"
+    try:
+        for _ in range(60):
+            try:
+                ray.init(address=address, log_to_driver=False)
+                break
+            except ConnectionError:
+                if head.poll() is not None:
+                    raise SystemExit(f"error: the Ray head stopped (exit {head.returncode}); see {log}") from None
+                time.sleep(2)
+        else:
+            raise SystemExit(f"error: no Ray cluster at {address} after 2 minutes; see {log}")
+        yield address
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        os.killpg(head.pid, signal.SIGTERM)  # `ray start --block` stops the cluster's processes
+        try:
+            head.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(head.pid, signal.SIGKILL)
+
+
+def free_gpus() -> int:
+    """GPUs the connected Ray cluster has free now."""
+    import ray
+
+    return int(ray.available_resources().get("GPU", 0))
+
+
+def launch(runs: Sequence[Run], command: Callable[[Run], list[str]], gpus: Sequence[str], out: Path) -> dict:
+    """Run every unfinished run (``command(run)``, logs in ``out/runs/NAME``) on one Ray cluster (:func:`ray_cluster`)
+    over ``gpus``, one run per GPU: the next run starts when a GPU is free in Ray's own count (verl refuses to start
+    otherwise), and a run that exits frees it. Returns each run's exit code (0 for runs kept from before)."""
+    codes, queue, running = {}, [], {}
+    for run in runs:
+        done = out / "runs" / run.name / "exit_code"
+        if done.is_file() and done.read_text().strip() == "0":
             print(f"{run.name}: finished before, kept")
             codes[run.name] = 0
-            continue
-        out.mkdir(parents=True, exist_ok=True)
-        # a GPU's later runs wait their turn; any two starts are 5 s apart (each starts its own Ray cluster)
-        time.sleep(max(run.wave * args.stagger - (time.monotonic() - start), last + 5 - time.monotonic(), 0))
-        last = time.monotonic()
-        cmd = [sys.executable, "-m", "stapo.train", f"--config-name={run.method}"]
-        cmd += run_overrides(run, warm, paths, args, per_gpu)
-        env = {**os.environ, "CUDA_VISIBLE_DEVICES": run.gpu, "VERL_FILE_LOGGER_PATH": str(out / "metrics.jsonl")}
-        with open(out / "train.log", "a") as log:
-            process = subprocess.Popen(list(map(str, cmd)), stdout=log, stderr=subprocess.STDOUT, env=env)
-        print(f"{run.name}: started on GPU {run.gpu} (log: {out / 'train.log'})", flush=True)
-        started.append((run, process))
-    for run, process in started:
-        codes[run.name] = process.wait()
-        write_atomic(args.out / "runs" / run.name / "exit_code", f"{codes[run.name]}\n")
-        print(f"{run.name}: exit {codes[run.name]}", flush=True)
+        else:
+            queue.append(run)
+    with ray_cluster(gpus, out / "ray.log") as address:
+        while queue or running:
+            for run, process in list(running.items()):
+                if process.poll() is not None:
+                    codes[run.name] = process.returncode
+                    write_atomic(out / "runs" / run.name / "exit_code", f"{process.returncode}\n")
+                    print(f"{run.name}: exit {process.returncode}", flush=True)
+                    del running[run]
+            # starting runs hold no GPU yet, finished ones may still hold theirs: wait until every GPU not taken by
+            # a running run is free
+            if queue and len(running) < len(gpus) and free_gpus() >= len(gpus) - len(running):
+                run = queue.pop(0)
+                folder = out / "runs" / run.name
+                folder.mkdir(parents=True, exist_ok=True)
+                env = {**os.environ, "RAY_ADDRESS": address, "VERL_FILE_LOGGER_PATH": str(folder / "metrics.jsonl")}
+                env.pop("CUDA_VISIBLE_DEVICES", None)  # Ray gives each run's workers their GPU
+                with open(folder / "train.log", "a") as log:
+                    running[run] = subprocess.Popen(
+                        list(map(str, command(run))), stdout=log, stderr=subprocess.STDOUT, env=env
+                    )
+                print(f"{run.name}: started (log: {folder / 'train.log'})", flush=True)
+            time.sleep(POLL_S)
     return codes
 
 
@@ -177,44 +231,64 @@ def _mean_sd(values: Sequence[float]) -> str:
     return f"{statistics.fmean(values):.4g} ± {statistics.stdev(values):.2g}"
 
 
-def _last(series: dict[int, float], steps: int = LAST) -> float:
-    """Mean of a training metric over its last ``steps`` logged steps (NaN if it was never logged)."""
-    values = [series[s] for s in sorted(series)[-steps:]]
+def _mean_over(series: dict[int, float], steps: range) -> float:
+    """Mean of a metric over the ``steps`` it logged a number at (NaN if none)."""
+    values = [series[s] for s in steps if s in series and not math.isnan(series[s])]
     return statistics.fmean(values) if values else math.nan
 
 
+STATE = (
+    ("reward", "critic/score/mean", 1),
+    ("entropy", "actor/entropy", 1),
+    ("response length", "response_length/mean", 1),
+)
+"""Training metrics the table averages over the last :data:`LAST` steps that every run reached: (label, key, scale)."""
+EVENTS = (
+    ("silenced %", "stapo/masked_frac", 100),
+    ("S2T-flagged %", "s2t/spurious_frac", 100),
+    ("candidates %", "s2t/candidate_frac", 100),
+    ("flagged share of bound %", "s2t/grad_bound/spurious_share", 100),
+)
+"""S2T metrics (rare events) the table averages over every step that every run reached."""
+
+
+def _bound_ratio(metrics: dict[str, dict[int, float]], steps: range) -> float:
+    """Mean over ``steps`` (those with candidates) of the candidates' mean gradient-norm bound over the other
+    tokens'."""
+    candidate, other = metrics.get("s2t/grad_bound/candidate_mean", {}), metrics.get("s2t/grad_bound/other_mean", {})
+    ratios = [candidate[s] / other[s] for s in steps if s in candidate and other.get(s)]
+    return statistics.fmean(ratios) if ratios else math.nan
+
+
 def summary_rows(runs: dict[str, dict[int, dict[str, dict[int, float]]]]) -> list[dict[str, str]]:
-    """One row per method: seeds, steps every seed reached, validation accuracy at the first and at the last step all
-    seeds validated, and the last :data:`LAST` steps' mean of the training metrics (± sd over seeds)."""
+    """One row per method, every number the mean ± sd over its seeds, all at steps that every run reached (so that
+    methods are compared at the same point even when some runs stopped early): validation accuracy at the first and
+    the last step all runs validated, the :data:`STATE` metrics over the last :data:`LAST` such steps, the
+    :data:`EVENTS` metrics and the candidates' gradient-norm bound relative to the other tokens' over all of them."""
+    everyone = [m for seeds in runs.values() for m in seeds.values()]
+    end = min(max(m.get("critic/score/mean", {0: 0})) for m in everyone)
+    val_key = next((k for k in sorted(everyone[0]) if VALIDATION.fullmatch(k)), None)
+    val_steps = band([m.get(val_key, {}) for m in everyone])[0] if val_key else []
+    last, whole = range(max(end - LAST, 0) + 1, end + 1), range(1, end + 1)
     rows = []
     for method in sorted(runs, key=lambda m: methods().index(m) if m in methods() else len(methods())):
-        seeds = runs[method]
-        group = list(seeds.values())
-        val_key = next((k for k in sorted(group[0]) if VALIDATION.fullmatch(k)), None)
-        row = {"method": method, "seeds": ",".join(map(str, sorted(seeds)))}
-        row["steps"] = str(min(max(m.get("critic/score/mean", {0: 0})) for m in group))
-        if val_key and all(val_key in m for m in group):
-            steps = band([m[val_key] for m in group])[0]
-            if steps:
-                first, last = steps[0], steps[-1]
-                row[f"val acc @ step {first}"] = _mean_sd([100 * m[val_key][first] for m in group])
-                row[f"val acc @ step {last}"] = _mean_sd([100 * m[val_key][last] for m in group])
-        for label, key, scale in (
-            ("reward", "critic/score/mean", 1),
-            ("entropy", "actor/entropy", 1),
-            ("response length", "response_length/mean", 1),
-            ("silenced %", "stapo/masked_frac", 100),
-            ("S2T-flagged %", "s2t/spurious_frac", 100),
-            ("flagged share of bound %", "s2t/grad_bound/spurious_share", 100),
-        ):
-            row[f"{label} (last {LAST})"] = _mean_sd([scale * _last(m.get(key, {})) for m in group])
+        group = [runs[method][seed] for seed in sorted(runs[method])]
+        row = {"method": method, "seeds": ",".join(map(str, sorted(runs[method])))}
+        row["steps run"] = "/".join(str(max(m.get("critic/score/mean", {0: 0}))) for m in group)
+        for step in sorted({*val_steps[:1], *val_steps[-1:]}):
+            row[f"val acc % @ {step}"] = _mean_sd([100 * m[val_key][step] for m in group])
+        for label, key, scale in STATE:
+            row[f"{label} @ {last.start}-{end}"] = _mean_sd([scale * _mean_over(m.get(key, {}), last) for m in group])
+        for label, key, scale in EVENTS:
+            row[f"{label} @ 1-{end}"] = _mean_sd([scale * _mean_over(m.get(key, {}), whole) for m in group])
+        row[f"candidate / other bound @ 1-{end}"] = _mean_sd([_bound_ratio(m, whole) for m in group])
         rows.append(row)
     return rows
 
 
 def to_markdown(rows: Sequence[dict[str, str]]) -> str:
-    """The rows as one Markdown table per method (validation columns differ when the runs reached different steps)."""
-    columns = list(dict.fromkeys(k for row in rows for k in row))
+    """The rows as a Markdown table."""
+    columns = list(rows[0])
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(row.get(c, "-") for c in columns) + " |" for row in rows]
     return "\n".join(lines) + "\n"
@@ -254,7 +328,6 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--val-n", type=int, default=4, help="validation samples per problem")
     run.add_argument("--save-freq", type=int, default=50, help="checkpoint every this many steps")
     run.add_argument("--gpus", help="comma-separated GPU indices (default: every visible GPU)")
-    run.add_argument("--stagger", type=float, default=45.0, help="seconds between starts on one GPU")
     summary = commands.add_parser("summary", help="table and curves of the runs under DIR")
     summary.add_argument("folder", type=Path, metavar="DIR")
     summary.add_argument("--plots", type=Path, help="folder for the curves (default: DIR/plots)")
@@ -272,8 +345,8 @@ def check_run_args(args: argparse.Namespace) -> list[str]:
     for name in ("steps", "test_freq", "val_n", "save_freq"):
         if getattr(args, name) < 1:
             raise SystemExit(f"error: --{name.replace('_', '-')}={getattr(args, name)}: must be a positive integer")
-    if args.stagger < 0:
-        raise SystemExit(f"error: --stagger={args.stagger}: must not be negative")
+    if not 0 <= args.warmup_target <= 1:
+        raise SystemExit(f"error: --warmup-target={args.warmup_target}: must be a fraction in [0, 1]")
     visible = torch.cuda.device_count()
     if visible == 0:
         raise SystemExit("error: the experiment trains with verl and needs CUDA GPUs (none visible)")
@@ -281,9 +354,7 @@ def check_run_args(args: argparse.Namespace) -> list[str]:
     bad = [g for g in gpus if not g.isdigit() or int(g) >= visible]
     if bad or len(set(gpus)) < len(gpus):
         raise SystemExit(f"error: --gpus={args.gpus}: pass distinct indices below {visible} (the visible GPUs)")
-    if not 0 <= args.warmup_target <= 1:
-        raise SystemExit(f"error: --warmup-target={args.warmup_target}: must be a fraction in [0, 1]")
-    ids = os.environ.get("CUDA_VISIBLE_DEVICES")  # each run sees one GPU: name it as this process's list does
+    ids = os.environ.get("CUDA_VISIBLE_DEVICES")  # the Ray head is started with these: name them as this process does
     return [ids.split(",")[int(g)] for g in gpus] if ids else gpus
 
 
@@ -330,10 +401,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(summarize(args.folder, args.plots or args.folder / "plots"))
         return
     gpus = check_run_args(args)
-    runs = plan(args.methods, args.seeds, gpus)
     folder = warm_model(args)
     paths = {split: args.out / "data" / f"{split}.parquet" for split in ("train", "validation")}
-    codes = launch(runs, folder, paths, args)
+
+    def command(run: Run) -> list:
+        config = [sys.executable, "-m", "stapo.train", f"--config-name={run.method}"]
+        return config + run_overrides(run, folder, paths, args)
+
+    codes = launch(plan(args.methods, args.seeds), command, gpus, args.out)
     print(summarize(args.out, args.out / "plots"))
     failed = sorted(name for name, code in codes.items() if code)
     if failed:
