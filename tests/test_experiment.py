@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import re
 import statistics
-import subprocess
 import sys
 
 import pytest
@@ -17,6 +16,7 @@ from verl.utils.tracking import FileLogger
 
 from stapo.config import CONFIG_DIR
 from stapo.quickstart import experiment as ex
+from stapo.train import preflight
 from stapo.train.main import validate
 
 
@@ -64,8 +64,25 @@ def test_launch_runs_one_job_per_gpu_on_one_ray_cluster(tmp_path):
     assert max(busy) == 2  # both GPUs were used at once, never more runs than GPUs
     assert (tmp_path / "runs" / "stapo-s0" / "exit_code").read_text() == "1\n"
     assert not (tmp_path / "runs" / "stapo-s1" / "train.log").exists()
-    ray_processes = subprocess.run(["pgrep", "-f", "gcs_server|raylet"], capture_output=True, text=True).stdout
-    assert not ray_processes.strip(), "the experiment's Ray cluster was left running"
+    assert preflight.local_ray_clusters() == [], "the experiment's Ray cluster was left running"
+
+
+def test_a_local_run_beside_a_running_cluster_is_refused(tmp_path, monkeypatch):
+    """Two local clusters on one machine share verl's weight-transfer socket: the preflight refuses the second run
+    (the GPU count is stubbed: this machine has none); runs given RAY_ADDRESS (the experiment's) are jobs of one
+    cluster and pass."""
+    monkeypatch.setattr(preflight, "local_gpus", lambda: 1)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        cfg = compose(config_name="justrl", overrides=["trainer.n_gpus_per_node=1"])
+    assert preflight._gpu_problems(cfg) == []
+    with ex.ray_cluster(["0"], tmp_path / "ray.log") as address:
+        (line,) = preflight._gpu_problems(cfg)
+        assert line.startswith("another Ray cluster runs on this machine (gcs_server, pid ")
+        assert "/tmp/rl-colocate-zmq-01000000-replica-0-rank-0.sock" in line and "RAY_ADDRESS=HEAD_IP:PORT" in line
+        monkeypatch.setenv("RAY_ADDRESS", address)
+        assert preflight._gpu_problems(cfg) == []  # the cluster has the one GPU declared to it
+    assert preflight.local_ray_clusters() == []
 
 
 @pytest.mark.parametrize("method", ["justrl", "stapo", "grpo", "entropy20"])

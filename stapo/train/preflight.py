@@ -118,6 +118,15 @@ def _gpu_problems(config: DictConfig) -> list[str]:
             f"trainer.nnodes={trainer.nnodes} needs a Ray cluster over those nodes: start one and set "
             "RAY_ADDRESS=HEAD_IP:6379 (scripts/slurm.sbatch does both), or set trainer.nnodes=1"
         ]
+    clusters = local_ray_clusters()
+    if clusters:
+        return [
+            f"another Ray cluster runs on this machine (gcs_server, pid {clusters[0]}): this run would start its own, "
+            "and verl 0.9.1 names its weight-transfer socket after the Ray job id, which every cluster starts at "
+            "01000000 (/tmp/rl-colocate-zmq-01000000-replica-0-rank-0.sock), so the two runs would hang or load each "
+            "other's weights; run both as jobs of one cluster (`ray start --head --port=PORT`, then "
+            "RAY_ADDRESS=HEAD_IP:PORT for each run) or one after the other"
+        ]
     visible = local_gpus()
     if visible == 0:
         return [
@@ -132,6 +141,19 @@ def _gpu_problems(config: DictConfig) -> list[str]:
             + f": set trainer.n_gpus_per_node={visible} or run where the GPUs are"
         ]
     return []
+
+
+def local_ray_clusters() -> list[int]:
+    """Process ids of the Ray clusters running on this machine (their GCS servers), from ``/proc``."""
+    pids = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            program = cmdline.read_bytes().split(b"\0", 1)[0]
+        except OSError:  # the process ended, or is not ours to read
+            continue
+        if program.rsplit(b"/", 1)[-1] == b"gcs_server":
+            pids.append(int(cmdline.parent.name))
+    return sorted(pids)
 
 
 def local_gpus() -> int:
