@@ -181,6 +181,8 @@ def launch(runs: Sequence[Run], command: Callable[[Run], list[str]], gpus: Seque
             codes[run.name] = 0
         else:
             queue.append(run)
+    if not queue:
+        return codes
     with ray_cluster(gpus, out / "ray.log") as address:
         while queue or running:
             for run, process in list(running.items()):
