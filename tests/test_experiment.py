@@ -43,17 +43,26 @@ def test_launch_runs_one_job_per_gpu_on_one_ray_cluster(tmp_path):
     """A stub stands in for the training command (verl's trainer needs GPUs); the Ray cluster is real, with two GPUs
     declared to Ray (``ray start --num-gpus``), as the experiment starts it on a GPU machine."""
     runs = ex.plan(["justrl", "stapo"], [0, 1])
-    finished = tmp_path / "runs" / "stapo-s1"
+    runs.append(ex.Run("grpo", 0))
+    finished = tmp_path / "runs" / "grpo-s0"
     finished.mkdir(parents=True)
     (finished / "exit_code").write_text("0\n")  # a run finished before is kept, not started again
     script = tmp_path / "stub.py"
     script.write_text(STUB)
 
     def command(run):
+        if run.name == "stapo-s1":  # hangs silently, as a run whose weight hand-over never completes
+            return [sys.executable, "-c", "import time; time.sleep(600)"]
         return [sys.executable, str(script), "8", "1" if run.name == "stapo-s0" else "0"]
 
-    codes = ex.launch(runs, command, ["0", "1"], tmp_path)
-    assert codes == {"justrl-s0": 0, "stapo-s0": 1, "justrl-s1": 0, "stapo-s1": 0}
+    codes = ex.launch(runs, command, ["0", "1"], tmp_path, stall_s=25)
+    assert codes["stapo-s1"] == -9  # stopped for its silence (SIGKILL)
+    assert {k: v for k, v in codes.items() if k != "stapo-s1"} == {
+        "justrl-s0": 0,
+        "stapo-s0": 1,
+        "justrl-s1": 0,
+        "grpo-s0": 0,
+    }
     logs = {r.name: (tmp_path / "runs" / r.name / "train.log").read_text() for r in runs[:3]}
     jobs = [re.search(r"job (\w+) gpu (\d) from (\S+) to (\S+)", log).groups() for log in logs.values()]
     assert len({job for job, *_ in jobs}) == 3  # distinct Ray job ids: verl's weight-transfer sockets cannot collide
@@ -63,7 +72,7 @@ def test_launch_runs_one_job_per_gpu_on_one_ray_cluster(tmp_path):
     busy = [sum(change for _, change, _ in sorted(held)[: i + 1]) for i in range(len(held))]
     assert max(busy) == 2  # both GPUs were used at once, never more runs than GPUs
     assert (tmp_path / "runs" / "stapo-s0" / "exit_code").read_text() == "1\n"
-    assert not (tmp_path / "runs" / "stapo-s1" / "train.log").exists()
+    assert not (tmp_path / "runs" / "grpo-s0" / "train.log").exists()
     assert preflight.local_ray_clusters() == [], "the experiment's Ray cluster was left running"
 
 

@@ -169,10 +169,14 @@ def free_gpus() -> int:
     return int(ray.available_resources().get("GPU", 0))
 
 
-def launch(runs: Sequence[Run], command: Callable[[Run], list[str]], gpus: Sequence[str], out: Path) -> dict:
+def launch(
+    runs: Sequence[Run], command: Callable[[Run], list[str]], gpus: Sequence[str], out: Path, stall_s: float
+) -> dict:
     """Run every unfinished run (``command(run)``, logs in ``out/runs/NAME``) on one Ray cluster (:func:`ray_cluster`)
     over ``gpus``, one run per GPU: the next run starts when a GPU is free in Ray's own count (verl refuses to start
-    otherwise), and a run that exits frees it. Returns each run's exit code (0 for runs kept from before)."""
+    otherwise), and a run that exits frees it. A run whose log has not grown for ``stall_s`` seconds is stopped (a
+    hung weight hand-over otherwise holds its GPU for good). Returns each run's exit code (0 for runs kept from
+    before)."""
     codes, queue, running = {}, [], {}
     for run in runs:
         done = out / "runs" / run.name / "exit_code"
@@ -186,6 +190,11 @@ def launch(runs: Sequence[Run], command: Callable[[Run], list[str]], gpus: Seque
     with ray_cluster(gpus, out / "ray.log") as address:
         while queue or running:
             for run, process in list(running.items()):
+                log = out / "runs" / run.name / "train.log"
+                if process.poll() is None and time.time() - log.stat().st_mtime > stall_s:
+                    print(f"{run.name}: no output for {stall_s:.0f} s, stopped (log: {log})", flush=True)
+                    process.kill()
+                    process.wait()
                 if process.poll() is not None:
                     codes[run.name] = process.returncode
                     write_atomic(out / "runs" / run.name / "exit_code", f"{process.returncode}\n")
@@ -330,6 +339,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--val-n", type=int, default=4, help="validation samples per problem")
     run.add_argument("--save-freq", type=int, default=50, help="checkpoint every this many steps")
     run.add_argument("--gpus", help="comma-separated GPU indices (default: every visible GPU)")
+    run.add_argument("--stall-minutes", type=float, default=15.0, help="stop a run whose log is silent this long")
     summary = commands.add_parser("summary", help="table and curves of the runs under DIR")
     summary.add_argument("folder", type=Path, metavar="DIR")
     summary.add_argument("--plots", type=Path, help="folder for the curves (default: DIR/plots)")
@@ -347,6 +357,8 @@ def check_run_args(args: argparse.Namespace) -> list[str]:
     for name in ("steps", "test_freq", "val_n", "save_freq"):
         if getattr(args, name) < 1:
             raise SystemExit(f"error: --{name.replace('_', '-')}={getattr(args, name)}: must be a positive integer")
+    if not args.stall_minutes > 0:
+        raise SystemExit(f"error: --stall-minutes={args.stall_minutes}: must be positive")
     if not 0 <= args.warmup_target <= 1:
         raise SystemExit(f"error: --warmup-target={args.warmup_target}: must be a fraction in [0, 1]")
     visible = torch.cuda.device_count()
@@ -410,7 +422,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         config = [sys.executable, "-m", "stapo.train", f"--config-name={run.method}"]
         return config + run_overrides(run, folder, paths, args)
 
-    codes = launch(plan(args.methods, args.seeds), command, gpus, args.out)
+    codes = launch(plan(args.methods, args.seeds), command, gpus, args.out, 60 * args.stall_minutes)
     print(summarize(args.out, args.out / "plots"))
     failed = sorted(name for name, code in codes.items() if code)
     if failed:
