@@ -21,6 +21,13 @@ def load(*overrides):
         return compose(config_name="stapo", overrides=list(overrides))
 
 
+@pytest.fixture(autouse=True)
+def no_other_ray_cluster(monkeypatch):
+    """A Ray cluster of another process on the test machine is not what these tests check (tests/test_experiment.py
+    checks that line with a real cluster)."""
+    monkeypatch.setattr(preflight, "local_ray_clusters", lambda: [])
+
+
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     """A prepared benchmark parquet and a folder with a config.json: what a run's data and model keys point to."""
