@@ -8,10 +8,13 @@ from __future__ import annotations
 import json
 import re
 import statistics
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
+from ray._common.utils import get_ray_address_file
 from verl.utils.tracking import FileLogger
 
 from stapo.config import CONFIG_DIR
@@ -74,6 +77,7 @@ def test_launch_runs_one_job_per_gpu_on_one_ray_cluster(tmp_path):
     assert (tmp_path / "runs" / "stapo-s0" / "exit_code").read_text() == "1\n"
     assert not (tmp_path / "runs" / "grpo-s0" / "train.log").exists()
     assert preflight.local_ray_clusters() == [], "the experiment's Ray cluster was left running"
+    assert not Path(get_ray_address_file(None)).exists()  # else a later local ray.init() would look for it
 
 
 def test_a_local_run_beside_a_running_cluster_is_refused(tmp_path, monkeypatch):
@@ -176,3 +180,11 @@ def test_summary_compares_methods_at_the_steps_every_run_reached(tmp_path, monke
     assert (tmp_path / "summary.md").read_text() == table
     for name in ("entropy", "reward", "masked_frac", "val_arith"):
         assert (tmp_path / "plots" / f"{name}.png").stat().st_size > 1000
+
+
+def test_a_cluster_that_is_ending_is_waited_for():
+    """Scripts run several trainings in a row (the quickstart, the GPU smoke): the previous run's local cluster may
+    still be shutting down when the next run's preflight looks."""
+    code = "import ray; ray.init(num_cpus=1, include_dashboard=False)"
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, timeout=120)
+    assert preflight.local_ray_clusters() == []

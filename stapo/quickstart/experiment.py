@@ -129,6 +129,7 @@ def ray_cluster(gpus: Sequence[str], log: Path) -> Iterator[str]:
     then hang or load each other's weights (docs/experiments.md). The jobs of one cluster get distinct ids.
     """
     import ray
+    from ray._common.utils import get_ray_address_file
     from ray._private.services import get_node_ip_address
 
     with socket.socket() as probe:
@@ -160,6 +161,11 @@ def ray_cluster(gpus: Sequence[str], log: Path) -> Iterator[str]:
             head.wait(timeout=60)
         except subprocess.TimeoutExpired:
             os.killpg(head.pid, signal.SIGKILL)
+        # `ray start` named this cluster in Ray's record of the machine's latest one, where every later local
+        # ray.init() (a plain training run) would look for it; `ray stop` would clear it, but stops every cluster
+        record = Path(get_ray_address_file(None))
+        if record.is_file() and record.read_text().strip() == address:
+            record.unlink()
 
 
 def free_gpus() -> int:

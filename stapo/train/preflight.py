@@ -14,6 +14,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from importlib.metadata import entry_points
 from pathlib import Path
 
@@ -27,6 +28,8 @@ from stapo.train import attention
 PLUGIN_ENTRY_POINT = "stapo"
 TRACKER = "latest_checkpointed_iteration.txt"
 CLUSTER_TIMEOUT_S = 60
+CLUSTER_END_S = 10.0
+"""Seconds a Ray cluster found on this machine is given to end before a local run is refused beside it."""
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 
 
@@ -143,8 +146,16 @@ def _gpu_problems(config: DictConfig) -> list[str]:
     return []
 
 
-def local_ray_clusters() -> list[int]:
-    """Process ids of the Ray clusters running on this machine (their GCS servers), from ``/proc``."""
+def local_ray_clusters(wait_s: float = CLUSTER_END_S) -> list[int]:
+    """Process ids of the Ray clusters running on this machine (their GCS servers), from ``/proc``; a cluster still
+    shutting down (that of the previous run of a script that runs several in a row) is given ``wait_s`` to end."""
+    deadline = time.monotonic() + wait_s
+    while (pids := _gcs_servers()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return pids
+
+
+def _gcs_servers() -> list[int]:
     pids = []
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
