@@ -4,14 +4,14 @@
         [--gpus 0,1,2] [quickstart options: --tokenizer DIR --tau-p 0.002 --val 200 ...]
     python -m stapo.quickstart.experiment summary DIR [--plots DIR]
 
-``run`` builds the task and a tiny Qwen3 and warms it up once (:func:`stapo.quickstart.run.prepare`, on the first
-GPU), then trains every (method, seed) from that one warmed-up model through the real trainer (``python -m
-stapo.train --config-name=METHOD``: verl V1, vLLM, FSDP), one run per GPU at a time, all of them jobs of one Ray
-cluster that the command starts over ``--gpus`` (:func:`ray_cluster` says why one). A run's seed sets the order of
-the prompts (``data.seed``) and vLLM's sampling (``actor_rollout_ref.rollout.seed``); every run validates on the
-task's validation split every ``--test-freq`` steps, checkpoints every ``--save-freq`` steps, and logs verl's metrics
-with the recipe's ``stapo/*`` and ``s2t/*`` (the S2T rule observed at the old policy in every run, applied only by
-STAPO). Each run writes ``DIR/runs/METHOD-sSEED/{train.log,metrics.jsonl,exit_code}``. The same command again
+``run`` builds the task and a tiny Qwen3 and warms it up once (:func:`stapo.quickstart.run.prepare`, on this
+process's first visible GPU), then trains every (method, seed) from that one warmed-up model through the real
+trainer (``python -m stapo.train --config-name=METHOD``: verl V1, vLLM, FSDP), one run per GPU at a time, all of them
+jobs of one Ray cluster that the command starts over ``--gpus`` (:func:`ray_cluster` says why one). A run's seed sets
+the order of the prompts (``data.seed``) and vLLM's sampling (``actor_rollout_ref.rollout.seed``); every run validates
+on the task's validation split every ``--test-freq`` steps, checkpoints every ``--save-freq`` steps, and logs verl's
+metrics with the recipe's ``stapo/*`` and ``s2t/*`` (the S2T rule observed at the old policy in every run, applied
+only by STAPO). Each run writes ``DIR/runs/METHOD-sSEED/{train.log,metrics.jsonl,exit_code}``. The same command again
 continues: finished runs are kept, the others resume from their latest checkpoint (verl's ``resume_mode: auto``).
 
 ``summary`` reads the runs' metrics and writes ``summary.md`` (per method, at the steps every run reached: mean ±
@@ -34,7 +34,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,24 +56,20 @@ from stapo.quickstart.run import (
 from stapo.quickstart.tiny import replace_overrides
 from stapo.tools.io import write_atomic
 from stapo.tools.report import VALIDATION, ReportError, band, plot_runs, read_metrics
+from stapo.train.preflight import local_cluster_problems
 
-MODEL_OPTIONS = (
-    "seed",
-    "train",
-    "val",
-    "hidden_size",
-    "layers",
-    "tokenizer",
-    "warmup_steps",
-    "batch_size",
-    "lr",
-    "warmup_target",
+RECORDED_OPTIONS = (
+    *("seed", "train", "val", "hidden_size", "layers", "tokenizer", "warmup_steps", "batch_size", "lr"),
+    *("eval_problems", "samples", "warmup_target", "steps", "test_freq", "val_n", "tau_p", "q"),
 )
-"""Options that define the warmed-up model: a continued experiment must be given the same ones."""
+"""Options that define the warmed-up model and the runs: a continued experiment must be given the same ones (more
+methods and seeds may be added)."""
 MAX_WARMUP_ROUNDS = 4
 """Warm-up rounds (of ``--warmup-steps`` each) at most while the sampled accuracy is below ``--warmup-target``."""
 POLL_S = 5.0
 """Seconds between two looks at the runs and the free GPUs."""
+HANDOVER_S = 30.0
+"""Seconds between the end of a run and the start of the next."""
 LAST = 10
 """Steps at the end (of the steps every run reached) over which the table averages the training metrics."""
 
@@ -132,6 +128,9 @@ def ray_cluster(gpus: Sequence[str], log: Path) -> Iterator[str]:
     from ray._common.utils import get_ray_address_file
     from ray._private.services import get_node_ip_address
 
+    problem = next(iter(local_cluster_problems()), None)
+    if problem:
+        raise SystemExit(f"error: {problem}")
     with socket.socket() as probe:
         probe.bind(("", 0))
         port = probe.getsockname()[1]
@@ -156,11 +155,12 @@ def ray_cluster(gpus: Sequence[str], log: Path) -> Iterator[str]:
     finally:
         if ray.is_initialized():
             ray.shutdown()
-        os.killpg(head.pid, signal.SIGTERM)  # `ray start --block` stops the cluster's processes
-        try:
-            head.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(head.pid, signal.SIGKILL)
+        with suppress(ProcessLookupError):  # the head may have stopped on its own
+            os.killpg(head.pid, signal.SIGTERM)  # `ray start --block` stops the cluster's processes
+            try:
+                head.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(head.pid, signal.SIGKILL)
         # `ray start` named this cluster in Ray's record of the machine's latest one, where every later local
         # ray.init() (a plain training run) would look for it; `ray stop` would clear it, but stops every cluster
         record = Path(get_ray_address_file(None))
@@ -180,10 +180,11 @@ def launch(
 ) -> dict:
     """Run every unfinished run (``command(run)``, logs in ``out/runs/NAME``) on one Ray cluster (:func:`ray_cluster`)
     over ``gpus``, one run per GPU: the next run starts when a GPU is free in Ray's own count (verl refuses to start
-    otherwise), and a run that exits frees it. A run whose log has not grown for ``stall_s`` seconds is stopped (a
-    hung weight hand-over otherwise holds its GPU for good). Returns each run's exit code (0 for runs kept from
-    before)."""
-    codes, queue, running = {}, [], {}
+    otherwise) and :data:`HANDOVER_S` after the last run ended (its processes may still release GPU memory, which a
+    starting vLLM engine measures). A run whose log stays silent for ``stall_s`` seconds is stopped (a hung weight
+    hand-over would hold its GPU for good); if this process stops, so do the runs. Returns each run's exit code (0
+    for runs kept from before)."""
+    codes, queue, running, started = {}, [], {}, {}
     for run in runs:
         done = out / "runs" / run.name / "exit_code"
         if done.is_file() and done.read_text().strip() == "0":
@@ -193,33 +194,42 @@ def launch(
             queue.append(run)
     if not queue:
         return codes
+    ended = 0.0
     with ray_cluster(gpus, out / "ray.log") as address:
-        while queue or running:
-            for run, process in list(running.items()):
-                log = out / "runs" / run.name / "train.log"
-                if process.poll() is None and time.time() - log.stat().st_mtime > stall_s:
-                    print(f"{run.name}: no output for {stall_s:.0f} s, stopped (log: {log})", flush=True)
-                    process.kill()
-                    process.wait()
-                if process.poll() is not None:
-                    codes[run.name] = process.returncode
-                    write_atomic(out / "runs" / run.name / "exit_code", f"{process.returncode}\n")
-                    print(f"{run.name}: exit {process.returncode}", flush=True)
-                    del running[run]
-            # starting runs hold no GPU yet, finished ones may still hold theirs: wait until every GPU not taken by
-            # a running run is free
-            if queue and len(running) < len(gpus) and free_gpus() >= len(gpus) - len(running):
-                run = queue.pop(0)
-                folder = out / "runs" / run.name
-                folder.mkdir(parents=True, exist_ok=True)
-                env = {**os.environ, "RAY_ADDRESS": address, "VERL_FILE_LOGGER_PATH": str(folder / "metrics.jsonl")}
-                env.pop("CUDA_VISIBLE_DEVICES", None)  # Ray gives each run's workers their GPU
-                with open(folder / "train.log", "a") as log:
-                    running[run] = subprocess.Popen(
-                        list(map(str, command(run))), stdout=log, stderr=subprocess.STDOUT, env=env
-                    )
-                print(f"{run.name}: started (log: {folder / 'train.log'})", flush=True)
-            time.sleep(POLL_S)
+        try:
+            while queue or running:
+                for run, process in list(running.items()):
+                    log = out / "runs" / run.name / "train.log"
+                    if process.poll() is None and time.time() - max(log.stat().st_mtime, started[run]) > stall_s:
+                        print(f"{run.name}: no output for {stall_s:.0f} s, stopped (log: {log})", flush=True)
+                        process.kill()
+                        process.wait()
+                    if process.poll() is not None:
+                        codes[run.name] = process.returncode
+                        write_atomic(out / "runs" / run.name / "exit_code", f"{process.returncode}\n")
+                        print(f"{run.name}: exit {process.returncode}", flush=True)
+                        del running[run]
+                        ended = time.monotonic()
+                # starting runs hold no GPU yet, finished ones may still hold theirs: wait until every GPU not taken
+                # by a running run is free
+                free = len(running) < len(gpus) and time.monotonic() - ended > HANDOVER_S
+                if queue and free and free_gpus() >= len(gpus) - len(running):
+                    run = queue.pop(0)
+                    folder = out / "runs" / run.name
+                    folder.mkdir(parents=True, exist_ok=True)
+                    env = {**os.environ, "RAY_ADDRESS": address, "PYTHONUNBUFFERED": "1"}
+                    env["VERL_FILE_LOGGER_PATH"] = str(folder / "metrics.jsonl")
+                    env.pop("CUDA_VISIBLE_DEVICES", None)  # Ray gives each run's workers their GPU
+                    with open(folder / "train.log", "a") as log:
+                        running[run] = subprocess.Popen(
+                            list(map(str, command(run))), stdout=log, stderr=subprocess.STDOUT, env=env
+                        )
+                    started[run] = time.time()
+                    print(f"{run.name}: started (log: {folder / 'train.log'})", flush=True)
+                time.sleep(POLL_S)
+        finally:
+            for process in running.values():
+                process.kill()
     return codes
 
 
@@ -230,9 +240,14 @@ def read_runs(folder: Path) -> dict[str, dict[int, dict[str, dict[int, float]]]]
     for log in sorted((folder / "runs").glob("*-s*/metrics.jsonl")):
         method, _, seed = log.parent.name.rpartition("-s")
         try:
-            runs.setdefault(method, {})[int(seed)] = read_metrics(log)
+            metrics = read_metrics(log)
         except ReportError as error:
             print(f"skipped: {error}")
+            continue
+        if "critic/score/mean" in metrics:
+            runs.setdefault(method, {})[int(seed)] = metrics
+        else:
+            print(f"skipped: {log} has no training step yet")
     if not runs:
         raise SystemExit(f"error: no metrics under {folder / 'runs'}; run `python -m stapo.quickstart.experiment run`")
     return runs
@@ -283,15 +298,15 @@ def summary_rows(runs: dict[str, dict[int, dict[str, dict[int, float]]]]) -> lis
     the last step all runs validated, the :data:`STATE` metrics over the last :data:`LAST` such steps, the
     :data:`EVENTS` metrics and the candidates' gradient-norm bound relative to the other tokens' over all of them."""
     everyone = [m for seeds in runs.values() for m in seeds.values()]
-    end = min(max(m.get("critic/score/mean", {0: 0})) for m in everyone)
-    val_key = next((k for k in sorted(everyone[0]) if VALIDATION.fullmatch(k)), None)
+    end = min(max(m["critic/score/mean"]) for m in everyone)
+    val_key = next((k for m in everyone for k in sorted(m) if VALIDATION.fullmatch(k)), None)
     val_steps = band([m.get(val_key, {}) for m in everyone])[0] if val_key else []
     last, whole = range(max(end - LAST, 0) + 1, end + 1), range(1, end + 1)
     rows = []
     for method in sorted(runs, key=lambda m: methods().index(m) if m in methods() else len(methods())):
         group = [runs[method][seed] for seed in sorted(runs[method])]
         row = {"method": method, "seeds": ",".join(map(str, sorted(runs[method])))}
-        row["steps run"] = "/".join(str(max(m.get("critic/score/mean", {0: 0}))) for m in group)
+        row["steps run"] = "/".join(str(max(m["critic/score/mean"])) for m in group)
         for step in sorted({*val_steps[:1], *val_steps[-1:]}):
             row[f"val acc % @ {step}"] = _mean_sd([100 * m[val_key][step] for m in group])
         for label, key, scale in STATE:
@@ -378,22 +393,23 @@ def check_run_args(args: argparse.Namespace) -> list[str]:
     return [ids.split(",")[int(g)] for g in gpus] if ids else gpus
 
 
-def model_options(args: argparse.Namespace) -> dict[str, str]:
-    """The options of :data:`MODEL_OPTIONS`, as strings (for ``DIR/experiment.json``)."""
-    return {name: str(getattr(args, name)) for name in MODEL_OPTIONS}
+def recorded_options(args: argparse.Namespace) -> dict[str, str]:
+    """The options of :data:`RECORDED_OPTIONS`, as strings (for ``DIR/experiment.json``)."""
+    return {name: str(getattr(args, name)) for name in RECORDED_OPTIONS}
 
 
 def warm_model(args: argparse.Namespace) -> Path:
-    """The warmed-up model's folder: made by :func:`stapo.quickstart.run.prepare` on the first GPU, or, when
-    ``args.out`` holds one from the same model options (``experiment.json``), that one."""
+    """The warmed-up model's folder: made by :func:`stapo.quickstart.run.prepare` on this process's first visible
+    GPU, or, when ``args.out`` holds one from the same options (``experiment.json``), that one."""
     record = args.out / "experiment.json"
     if record.is_file():
         before = json.loads(record.read_text())
-        changed = sorted(k for k, v in model_options(args).items() if before.get(k) != v)
+        changed = sorted(k for k, v in recorded_options(args).items() if before.get(k) != v)
         if changed:
             raise SystemExit(
                 f"error: {args.out} holds an experiment with other {', '.join('--' + k for k in changed)} "
-                f"({record}); pass the same options to continue it, or a new --out"
+                f"({record}); pass the same options to continue it (more --methods and --seeds may be added), or a "
+                "new --out"
             )
         print(f"warmed-up model from before: {args.out / 'warmup'}")
         return args.out / "warmup"
@@ -404,10 +420,11 @@ def warm_model(args: argparse.Namespace) -> Path:
         split = warm.splits["train"]
         warmup(warm.model, warm.tokenizer, split, args.warmup_steps, args.batch_size, args.lr, args.seed + rounds)
         rounds += 1
-        accuracy = mean(score_responses(warm.problems, sample(warm.model, warm.tokenizer, warm.problems, args.samples)))
+        responses = sample(warm.model, warm.tokenizer, warm.problems, args.samples, args.seed)
+        accuracy = mean(score_responses(warm.problems, responses))
         print(f"warm-up round {rounds}: sampled accuracy {100 * accuracy:.1f}% (target {100 * args.warmup_target:g}%)")
         warm.model.save_pretrained(warm.folder)
-    write_atomic(record, json.dumps({**model_options(args), "warmup_rounds": rounds}, indent=1) + "\n")
+    write_atomic(record, json.dumps({**recorded_options(args), "warmup_rounds": rounds}, indent=1) + "\n")
     folder = warm.folder
     del warm  # the runs' vLLM engines measure the GPU's free memory: this process keeps none
     torch.cuda.empty_cache()
@@ -421,6 +438,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(summarize(args.folder, args.plots or args.folder / "plots"))
         return
     gpus = check_run_args(args)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a kill stops the runs and the cluster too
     folder = warm_model(args)
     paths = {split: args.out / "data" / f"{split}.parquet" for split in ("train", "validation")}
 

@@ -339,6 +339,8 @@ def parse_run_arg(value: str) -> tuple[str, Path]:
 
 def band(series: Sequence[dict[int, float]]) -> tuple[list[int], list[float], list[float], list[float]]:
     """Steps every series has a (non-NaN) value at, and the mean, minimum and maximum over the series there."""
+    if not series:
+        return [], [], [], []
     steps = sorted(set.intersection(*({s for s, v in one.items() if not math.isnan(v)} for one in series)))
     values = [[one[s] for one in series] for s in steps]
     return steps, [statistics.fmean(v) for v in values], [min(v) for v in values], [max(v) for v in values]

@@ -121,15 +121,9 @@ def _gpu_problems(config: DictConfig) -> list[str]:
             f"trainer.nnodes={trainer.nnodes} needs a Ray cluster over those nodes: start one and set "
             "RAY_ADDRESS=HEAD_IP:6379 (scripts/slurm.sbatch does both), or set trainer.nnodes=1"
         ]
-    clusters = local_ray_clusters()
-    if clusters:
-        return [
-            f"another Ray cluster runs on this machine (gcs_server, pid {clusters[0]}): this run would start its own, "
-            "and verl 0.9.1 names its weight-transfer socket after the Ray job id, which every cluster starts at "
-            "01000000 (/tmp/rl-colocate-zmq-01000000-replica-0-rank-0.sock), so the two runs would hang or load each "
-            "other's weights; run both as jobs of one cluster (`ray start --head --port=PORT`, then "
-            "RAY_ADDRESS=HEAD_IP:PORT for each run) or one after the other"
-        ]
+    found = local_cluster_problems()
+    if found:
+        return found
     visible = local_gpus()
     if visible == 0:
         return [
@@ -144,6 +138,21 @@ def _gpu_problems(config: DictConfig) -> list[str]:
             + f": set trainer.n_gpus_per_node={visible} or run where the GPUs are"
         ]
     return []
+
+
+def local_cluster_problems() -> list[str]:
+    """Why a local run (one that starts or finds its own Ray cluster) must not start now: another Ray cluster on this
+    machine; one line, or none."""
+    clusters = local_ray_clusters()
+    if not clusters:
+        return []
+    return [
+        f"another Ray cluster runs on this machine (gcs_server, pid {clusters[0]}): a local run beside it would start "
+        "a second one, whose first job id is again 01000000, so verl 0.9.1's weight-transfer socket "
+        "(/tmp/rl-colocate-zmq-01000000-replica-0-rank-0.sock) would be shared and the runs would hang or load each "
+        "other's weights (or, if that cluster came from `ray start`, join it unasked); run both as jobs of one "
+        "cluster (RAY_ADDRESS=HEAD_IP:PORT for each run) or one after the other"
+    ]
 
 
 def local_ray_clusters(wait_s: float = CLUSTER_END_S) -> list[int]:
