@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -127,13 +128,37 @@ def test_bad_options_stop_before_any_work(tmp_path, monkeypatch):
     assert not out.exists()
 
 
-def test_continuing_with_other_model_options_is_refused(tmp_path):
+def test_continuing_with_other_options_is_refused(tmp_path):
     args = ex.build_parser().parse_args(["run", "--out", str(tmp_path), "--warmup-steps", "300"])
     (tmp_path / "experiment.json").write_text(json.dumps({**ex.recorded_options(args), "warmup_steps": "200"}))
-    with pytest.raises(SystemExit, match="other --warmup_steps"):
+    with pytest.raises(SystemExit, match="other --warmup-steps"):
+        ex.warm_model(args)
+    (tmp_path / "experiment.json").write_text(json.dumps({**ex.recorded_options(args), "tau_p": "0.002"}))
+    with pytest.raises(SystemExit, match="other --tau-p"):  # runs kept from before used another threshold
         ex.warm_model(args)
     (tmp_path / "experiment.json").write_text(json.dumps(ex.recorded_options(args)))
+    (tmp_path / "warmup").mkdir()
+    (tmp_path / "warmup" / "config.json").write_text("{}")
     assert ex.warm_model(args) == tmp_path / "warmup"  # the same options: the model from before, no warm-up
+
+
+def test_the_warm_up_is_rebuilt_to_the_recorded_weights(tmp_path):
+    """An experiment continued on another machine carries its record and metrics, not its model: the warm-up runs
+    again and must give the recorded weights (on the CPU here; the experiment does it on its first GPU)."""
+    options = ["--train", "32", "--val", "8", "--hidden-size", "32", "--layers", "1", "--warmup-steps", "4"]
+    args = ex.build_parser().parse_args(["run", "--out", str(tmp_path), *options, "--eval-problems", "2"])
+    args.samples, args.warmup_target = 2, 0.0
+    ex.warm_model(args, device="cpu")
+    digest = json.loads((tmp_path / "experiment.json").read_text())["weights_sha256"]
+    shutil.rmtree(tmp_path / "warmup")
+    ex.warm_model(args, device="cpu")  # rebuilt, and equal
+    assert json.loads((tmp_path / "experiment.json").read_text())["weights_sha256"] == digest
+    shutil.rmtree(tmp_path / "warmup")
+    record = json.loads((tmp_path / "experiment.json").read_text())
+    (tmp_path / "experiment.json").write_text(json.dumps({**record, "weights_sha256": "0" * 64}))
+    with pytest.raises(SystemExit, match="the warm-up here gave other weights"):
+        ex.warm_model(args, device="cpu")
+    assert not (tmp_path / "warmup").exists()  # the other model is not left where a later call would take it
 
 
 def log_run(monkeypatch, folder, method, seed, steps, val, entropy, masked=None):

@@ -24,9 +24,11 @@ matplotlib, the curves of each method as the mean over seeds with a min-max band
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
+import shutil
 import signal
 import socket
 import statistics
@@ -398,22 +400,40 @@ def recorded_options(args: argparse.Namespace) -> dict[str, str]:
     return {name: str(getattr(args, name)) for name in RECORDED_OPTIONS}
 
 
-def warm_model(args: argparse.Namespace) -> Path:
-    """The warmed-up model's folder: made by :func:`stapo.quickstart.run.prepare` on this process's first visible
-    GPU, or, when ``args.out`` holds one from the same options (``experiment.json``), that one."""
+def weights_digest(model) -> str:
+    """SHA-256 of a model's weights (names and float32 values, in name order): equal digests, equal models."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().float().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def warm_model(args: argparse.Namespace, device: str = "cuda") -> Path:
+    """The warmed-up model's folder, made by :func:`stapo.quickstart.run.prepare` on ``device`` (this process's first
+    visible GPU), in deterministic mode, with more rounds while below ``--warmup-target``.
+
+    When ``args.out`` holds an experiment (``experiment.json``), its options must be the same. Its ``warmup/`` is
+    used if present; if not (the experiment's metrics and record carried to a new machine), the warm-up runs again
+    and must give the recorded weights (``weights_sha256``), else the runs kept from before started from another
+    model and the experiment stops."""
     record = args.out / "experiment.json"
+    before = None
     if record.is_file():
         before = json.loads(record.read_text())
-        changed = sorted(k for k, v in recorded_options(args).items() if before.get(k) != v)
+        changed = ", ".join(f"--{k.replace('_', '-')}" for k, v in recorded_options(args).items() if before.get(k) != v)
         if changed:
             raise SystemExit(
-                f"error: {args.out} holds an experiment with other {', '.join('--' + k for k in changed)} "
+                f"error: {args.out} holds an experiment with other {changed} "
                 f"({record}); pass the same options to continue it (more --methods and --seeds may be added), or a "
                 "new --out"
             )
-        print(f"warmed-up model from before: {args.out / 'warmup'}")
-        return args.out / "warmup"
-    warm = prepare(args, "cuda")
+        if (args.out / "warmup" / "config.json").is_file():
+            print(f"warmed-up model from before: {args.out / 'warmup'}")
+            return args.out / "warmup"
+        print(f"{args.out / 'warmup'} is missing: warming up again, to the weights {record} records")
+    torch.use_deterministic_algorithms(True, warn_only=True)  # the same weights on another machine of the same kind
+    warm = prepare(args, device)
     accuracy, rounds = mean(warm.scores), 1
     while accuracy < args.warmup_target and rounds < MAX_WARMUP_ROUNDS:
         # another one-cycle round from the current weights (the first round's seed, shifted per round)
@@ -424,10 +444,20 @@ def warm_model(args: argparse.Namespace) -> Path:
         accuracy = mean(score_responses(warm.problems, responses))
         print(f"warm-up round {rounds}: sampled accuracy {100 * accuracy:.1f}% (target {100 * args.warmup_target:g}%)")
         warm.model.save_pretrained(warm.folder)
-    write_atomic(record, json.dumps({**recorded_options(args), "warmup_rounds": rounds}, indent=1) + "\n")
-    folder = warm.folder
+    torch.use_deterministic_algorithms(False)
+    digest, folder = weights_digest(warm.model), warm.folder
     del warm  # the runs' vLLM engines measure the GPU's free memory: this process keeps none
-    torch.cuda.empty_cache()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    if before is not None and before.get("weights_sha256") != digest:
+        shutil.rmtree(folder)  # never to be taken for the experiment's model by a later call
+        raise SystemExit(
+            f"error: the warm-up here gave other weights than {record} records (sha256 {digest[:12]}, recorded "
+            f"{str(before.get('weights_sha256'))[:12]}): the runs kept in {args.out / 'runs'} started from another "
+            "model; bring that experiment's warmup/ folder along, or pass a new --out"
+        )
+    fields = {**recorded_options(args), "warmup_rounds": rounds, "weights_sha256": digest}
+    write_atomic(record, json.dumps(fields, indent=1) + "\n")
     return folder
 
 
@@ -438,6 +468,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(summarize(args.folder, args.plots or args.folder / "plots"))
         return
     gpus = check_run_args(args)
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS for the warm-up
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a kill stops the runs and the cluster too
     folder = warm_model(args)
     paths = {split: args.out / "data" / f"{split}.parquet" for split in ("train", "validation")}
