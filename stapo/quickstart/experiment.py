@@ -130,9 +130,7 @@ def ray_cluster(gpus: Sequence[str], log: Path) -> Iterator[str]:
     from ray._common.utils import get_ray_address_file
     from ray._private.services import get_node_ip_address
 
-    problem = next(iter(local_cluster_problems()), None)
-    if problem:
-        raise SystemExit(f"error: {problem}")
+    refuse_beside_another_cluster()
     with socket.socket() as probe:
         probe.bind(("", 0))
         port = probe.getsockname()[1]
@@ -168,6 +166,13 @@ def ray_cluster(gpus: Sequence[str], log: Path) -> Iterator[str]:
         record = Path(get_ray_address_file(None))
         if record.is_file() and record.read_text().strip() == address:
             record.unlink()
+
+
+def refuse_beside_another_cluster() -> None:
+    """Stop (one line) if another Ray cluster runs on this machine: this one's jobs would number from 01000000 again
+    (:func:`stapo.train.preflight.local_cluster_problems`)."""
+    for problem in local_cluster_problems():
+        raise SystemExit(f"error: {problem}")
 
 
 def free_gpus() -> int:
@@ -391,6 +396,7 @@ def check_run_args(args: argparse.Namespace) -> list[str]:
     bad = [g for g in gpus if not g.isdigit() or int(g) >= visible]
     if bad or len(set(gpus)) < len(gpus):
         raise SystemExit(f"error: --gpus={args.gpus}: pass distinct indices below {visible} (the visible GPUs)")
+    refuse_beside_another_cluster()  # before the warm-up, not after it
     ids = os.environ.get("CUDA_VISIBLE_DEVICES")  # the Ray head is started with these: name them as this process does
     return [ids.split(",")[int(g)] for g in gpus] if ids else gpus
 
