@@ -119,7 +119,8 @@ def run_overrides(run: Run, warm: Path, paths: dict[str, Path], args: argparse.N
 @contextmanager
 def ray_cluster(gpus: Sequence[str], log: Path) -> Iterator[str]:
     """One Ray cluster on this machine over ``gpus`` for all the experiment's runs; yields its address, and stops it
-    on exit. This process stays connected, to see which GPUs are free.
+    on exit. This process stays connected, to see which GPUs are free. :func:`check_run_args` has made sure that no
+    other cluster runs here.
 
     Why one cluster: verl 0.9.1 names the socket over which a run's trainer hands its weights to vLLM after the Ray
     job id (``/tmp/rl-colocate-zmq-<job id>-replica-0-rank-0.sock``, verl PR #6246), and a fresh Ray cluster
@@ -130,7 +131,6 @@ def ray_cluster(gpus: Sequence[str], log: Path) -> Iterator[str]:
     from ray._common.utils import get_ray_address_file
     from ray._private.services import get_node_ip_address
 
-    refuse_beside_another_cluster()
     with socket.socket() as probe:
         probe.bind(("", 0))
         port = probe.getsockname()[1]
@@ -166,13 +166,6 @@ def ray_cluster(gpus: Sequence[str], log: Path) -> Iterator[str]:
         record = Path(get_ray_address_file(None))
         if record.is_file() and record.read_text().strip() == address:
             record.unlink()
-
-
-def refuse_beside_another_cluster() -> None:
-    """Stop (one line) if another Ray cluster runs on this machine: this one's jobs would number from 01000000 again
-    (:func:`stapo.train.preflight.local_cluster_problems`)."""
-    for problem in local_cluster_problems():
-        raise SystemExit(f"error: {problem}")
 
 
 def free_gpus() -> int:
@@ -396,7 +389,8 @@ def check_run_args(args: argparse.Namespace) -> list[str]:
     bad = [g for g in gpus if not g.isdigit() or int(g) >= visible]
     if bad or len(set(gpus)) < len(gpus):
         raise SystemExit(f"error: --gpus={args.gpus}: pass distinct indices below {visible} (the visible GPUs)")
-    refuse_beside_another_cluster()  # before the warm-up, not after it
+    for problem in local_cluster_problems():  # the cluster :func:`ray_cluster` starts would number its jobs again
+        raise SystemExit(f"error: {problem}")
     ids = os.environ.get("CUDA_VISIBLE_DEVICES")  # the Ray head is started with these: name them as this process does
     return [ids.split(",")[int(g)] for g in gpus] if ids else gpus
 
