@@ -90,11 +90,11 @@ def build_model(
         num_attention_heads=heads,
         num_key_value_heads=heads,
         head_dim=hidden_size // heads,
+        tie_word_embeddings=True,
     )
     config = Qwen3Config(
         **{**fields, **shape},
         max_position_embeddings=32768,
-        tie_word_embeddings=True,
         bos_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
