@@ -149,7 +149,10 @@ def test_the_warm_up_is_rebuilt_to_the_recorded_weights(tmp_path):
     args = ex.build_parser().parse_args(["run", "--out", str(tmp_path), *options, "--eval-problems", "2"])
     args.samples, args.warmup_target = 2, 0.0
     ex.warm_model(args, device="cpu")
-    digest = json.loads((tmp_path / "experiment.json").read_text())["weights_sha256"]
+    record = json.loads((tmp_path / "experiment.json").read_text())
+    digest = record["weights_sha256"]
+    assert record["warmup_rounds"] == 1 and len(record["warmup_low_prob_share"]) == 1  # target 0: one round
+    assert 0 < record["warmup_low_prob_share"][0] <= 1
     shutil.rmtree(tmp_path / "warmup")
     ex.warm_model(args, device="cpu")  # rebuilt, and equal
     assert json.loads((tmp_path / "experiment.json").read_text())["weights_sha256"] == digest
@@ -159,6 +162,46 @@ def test_the_warm_up_is_rebuilt_to_the_recorded_weights(tmp_path):
     with pytest.raises(SystemExit, match="the warm-up here gave other weights"):
         ex.warm_model(args, device="cpu")
     assert not (tmp_path / "warmup").exists()  # the other model is not left where a later call would take it
+
+
+def test_tail_mass_is_the_chance_that_the_sampled_token_is_below_tau_p(tmp_path):
+    """TailMass against the step scores that ``generate`` returns: at every step of every response that has not yet
+    ended (its end-of-turn step included), the probability mass of the tokens below tau_p."""
+    import torch
+    from transformers import LogitsProcessorList
+
+    from stapo.quickstart.tiny import build_model, build_tokenizer
+
+    tokenizer = build_tokenizer(["12 + 7 = 19", "Please reason step by step"] * 20, tmp_path / "model")
+    model = build_model(tokenizer, tmp_path / "model", hidden_size=32, num_layers=1)
+    eos = tokenizer.eos_token_id
+    model.lm_head.weight.data[eos] *= 40  # a random model that sometimes ends its responses early
+    prompts = tokenizer(["12 + 7 =", "Please reason"], padding=True, padding_side="left", return_tensors="pt")
+    tail = ex.TailMass(tau_p=0.002, eos_token_id=eos)
+    torch.manual_seed(0)
+    out = model.generate(
+        **prompts,
+        do_sample=True,
+        top_k=0,
+        top_p=1.0,
+        temperature=1.0,
+        max_new_tokens=12,
+        num_return_sequences=8,
+        logits_processor=LogitsProcessorList([tail]),
+        output_scores=True,
+        return_dict_in_generate=True,
+    )
+    responses = out.sequences[:, prompts["input_ids"].shape[1] :]
+    ended = (responses == eos).cumsum(dim=1)
+    assert 0 < int((ended[:, -1] > 0).sum()) < len(responses)  # both kinds of response occur
+    expected = []
+    for step, scores in enumerate(out.scores):
+        live = ended[:, step] - (responses[:, step] == eos).long() == 0  # no end-of-turn before this step
+        probs = scores.float().softmax(dim=-1)
+        expected.append((probs * (probs < 0.002)).sum(dim=-1)[live])
+    assert torch.allclose(torch.cat(tail.mass), torch.cat(expected))
+    assert len(torch.cat(tail.mass)) == int(((ended == 0) | ((ended == 1) & (responses == eos))).sum())
+    assert 0.01 < tail.share() < 0.99  # a random 512-token model puts much of its mass near 1/512
 
 
 def log_run(monkeypatch, folder, method, seed, steps, val, entropy, masked=None):

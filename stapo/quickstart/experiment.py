@@ -409,6 +409,29 @@ def weights_digest(model) -> str:
     return digest.hexdigest()
 
 
+class TailMass:
+    """A logits processor for ``generate`` that leaves the logits alone and records, at each step of each unfinished
+    response, the probability mass of the tokens below ``tau_p``: the chance that the token sampled there meets S2T's
+    low-probability condition. Their mean (:meth:`share`) is the expected share of such tokens among the sampled ones,
+    without the noise of sampling them: about twice the share of S2T's candidates (those also need Â > 0), which the
+    paper puts near 0.01 % of Qwen3's tokens once the entropy condition is applied (docs/experiments.md)."""
+
+    def __init__(self, tau_p: float, eos_token_id: int):
+        self.tau_p, self.eos = tau_p, eos_token_id
+        self.start: int | None = None
+        self.mass: list[torch.Tensor] = []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        self.start = input_ids.shape[1] if self.start is None else self.start  # the first call sees the prompts only
+        live = ~(input_ids[:, self.start :] == self.eos).any(dim=1)
+        probs = scores.float().softmax(dim=-1)
+        self.mass.append(torch.where(probs < self.tau_p, probs, 0.0).sum(dim=-1)[live].cpu())
+        return scores
+
+    def share(self) -> float:
+        return torch.cat(self.mass).mean().item()
+
+
 def warm_model(args: argparse.Namespace, device: str = "cuda") -> Path:
     """The warmed-up model's folder, made by :func:`stapo.quickstart.run.prepare` on ``device`` (this process's first
     visible GPU), in deterministic mode, with more rounds while below ``--warmup-target``.
@@ -434,15 +457,22 @@ def warm_model(args: argparse.Namespace, device: str = "cuda") -> Path:
         print(f"{args.out / 'warmup'} is missing: warming up again, to the weights {record} records")
     torch.use_deterministic_algorithms(True, warn_only=True)  # the same weights on another machine of the same kind
     warm = prepare(args, device)
-    accuracy, rounds = mean(warm.scores), 1
-    while accuracy < args.warmup_target and rounds < MAX_WARMUP_ROUNDS:
+    rounds, low_prob = 0, []
+    while True:
+        rounds += 1
+        tail = TailMass(args.tau_p, warm.tokenizer.eos_token_id)  # on the same samples as the accuracy (same seed)
+        responses = sample(warm.model, warm.tokenizer, warm.problems, args.samples, args.seed, observe=tail)
+        accuracy = mean(score_responses(warm.problems, responses))
+        low_prob.append(tail.share())
+        print(
+            f"warm-up round {rounds}: sampled accuracy {100 * accuracy:.1f}% (target {100 * args.warmup_target:g}%); "
+            f"expected share of sampled tokens with p < {args.tau_p:g}: {100 * low_prob[-1]:.4f}%"
+        )
+        if accuracy >= args.warmup_target or rounds == MAX_WARMUP_ROUNDS:
+            break
         # another one-cycle round from the current weights (the first round's seed, shifted per round)
         split = warm.splits["train"]
         warmup(warm.model, warm.tokenizer, split, args.warmup_steps, args.batch_size, args.lr, args.seed + rounds)
-        rounds += 1
-        responses = sample(warm.model, warm.tokenizer, warm.problems, args.samples, args.seed)
-        accuracy = mean(score_responses(warm.problems, responses))
-        print(f"warm-up round {rounds}: sampled accuracy {100 * accuracy:.1f}% (target {100 * args.warmup_target:g}%)")
         warm.model.save_pretrained(warm.folder)
     torch.use_deterministic_algorithms(False)
     digest, folder = weights_digest(warm.model), warm.folder
@@ -457,6 +487,7 @@ def warm_model(args: argparse.Namespace, device: str = "cuda") -> Path:
             "model; bring that experiment's warmup/ folder along, or pass a new --out"
         )
     fields = {**recorded_options(args), "warmup_rounds": rounds, "weights_sha256": digest}
+    fields["warmup_low_prob_share"] = [round(x, 8) for x in low_prob]  # per round, TailMass.share
     write_atomic(record, json.dumps(fields, indent=1) + "\n")
     return folder
 

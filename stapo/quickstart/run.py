@@ -128,8 +128,13 @@ def warmup(
 
 
 @torch.no_grad()
-def sample(model, tokenizer, problems: Sequence[task.ArithProblem], n: int, seed: int = 0) -> list[list[str]]:
-    """``n`` responses per problem, sampled at temperature 1.0 without top-k/top-p (verl's training rollouts)."""
+def sample(
+    model, tokenizer, problems: Sequence[task.ArithProblem], n: int, seed: int = 0, observe=None
+) -> list[list[str]]:
+    """``n`` responses per problem, sampled at temperature 1.0 without top-k/top-p (verl's training rollouts);
+    ``observe``: a logits processor that sees every step's logits (:class:`stapo.quickstart.experiment.TailMass`)."""
+    from transformers import LogitsProcessorList
+
     torch.manual_seed(seed)
     texts = [render_prompt(tokenizer, p) for p in problems]
     prompts = tokenizer(texts, add_special_tokens=False, padding=True, padding_side="left")
@@ -143,6 +148,7 @@ def sample(model, tokenizer, problems: Sequence[task.ArithProblem], n: int, seed
         top_p=1.0,
         num_return_sequences=n,
         max_new_tokens=MAX_NEW_TOKENS,
+        logits_processor=LogitsProcessorList([observe] if observe is not None else []),
     )
     texts = tokenizer.batch_decode(output[:, len(prompts["input_ids"][0]) :], skip_special_tokens=True)
     return [texts[i * n : (i + 1) * n] for i in range(len(problems))]
