@@ -434,7 +434,8 @@ class TailMass:
 
 def warm_model(args: argparse.Namespace, device: str = "cuda") -> Path:
     """The warmed-up model's folder, made by :func:`stapo.quickstart.run.prepare` on ``device`` (this process's first
-    visible GPU), in deterministic mode, with more rounds while below ``--warmup-target``.
+    visible GPU), in deterministic mode, with more rounds while below ``--warmup-target``; each round's sampled accuracy
+    and :class:`TailMass` share are printed, the shares recorded in ``experiment.json`` (docs/experiments.md section 5).
 
     When ``args.out`` holds an experiment (``experiment.json``), its options must be the same. Its ``warmup/`` is
     used if present; if not (the experiment's metrics and record carried to a new machine), the warm-up runs again
