@@ -194,14 +194,45 @@ def test_tail_mass_is_the_chance_that_the_sampled_token_is_below_tau_p(tmp_path)
     responses = out.sequences[:, prompts["input_ids"].shape[1] :]
     ended = (responses == eos).cumsum(dim=1)
     assert 0 < int((ended[:, -1] > 0).sum()) < len(responses)  # both kinds of response occur
-    expected = []
+    expected, real = [], []
     for step, scores in enumerate(out.scores):
         live = ended[:, step] - (responses[:, step] == eos).long() == 0  # no end-of-turn before this step
         probs = scores.float().softmax(dim=-1)
-        expected.append((probs * (probs < 0.002)).sum(dim=-1)[live])
-    assert torch.allclose(torch.cat(tail.mass), torch.cat(expected))
-    assert len(torch.cat(tail.mass)) == int(((ended == 0) | ((ended == 1) & (responses == eos))).sum())
+        expected.append(torch.where(live, (probs * (probs < 0.002)).sum(dim=-1), 0.0))
+        real.append(live)
+    expected, real = torch.stack(expected, dim=1), torch.stack(real, dim=1)
+    assert torch.allclose(torch.stack(tail.mass, dim=1), expected)
+    assert int(real.sum()) == int(((ended == 0) | ((ended == 1) & (responses == eos))).sum()) < real.numel()
+    assert tail.share() == pytest.approx(float(expected.sum() / real.sum()))
     assert 0.01 < tail.share() < 0.99  # a random 512-token model puts much of its mass near 1/512
+    rows = torch.tensor([True, False] * 8)  # the tokens of some responses only, over all sampled tokens
+    assert tail.share(rows) == pytest.approx(float(expected[rows].sum() / real.sum()))
+    assert 0 < tail.share(rows) < tail.share()
+
+
+def test_positive_advantage_is_a_score_above_the_group_mean():
+    assert ex.positive_advantage([[1, 0, 0, 1], [1, 1, 1, 1], [0.5, 0, 0, 0]]).tolist() == [
+        *(True, False, False, True),
+        *(False, False, False, False),  # all equal: Â = 0, no candidates
+        *(True, False, False, False),
+    ]
+
+
+def test_the_warm_up_goes_on_until_the_target_and_records_every_round(tmp_path, monkeypatch):
+    """Below the target the warm-up runs more rounds (at most MAX_WARMUP_ROUNDS), records both shares of each round,
+    and the saved model is the last round's (its digest is the recorded one)."""
+    from transformers import AutoModelForCausalLM
+
+    monkeypatch.setattr(ex, "MAX_WARMUP_ROUNDS", 2)
+    options = ["--train", "32", "--val", "8", "--hidden-size", "32", "--layers", "1", "--warmup-steps", "4"]
+    args = ex.build_parser().parse_args(["run", "--out", str(tmp_path), *options, "--eval-problems", "2"])
+    args.samples, args.warmup_target = 4, 1.0  # not reached by this model
+    folder = ex.warm_model(args, device="cpu")
+    record = json.loads((tmp_path / "experiment.json").read_text())
+    assert record["warmup_rounds"] == 2
+    assert len(record["warmup_low_prob_share"]) == len(record["warmup_candidate_share"]) == 2
+    assert all(0 <= c <= s for c, s in zip(record["warmup_candidate_share"], record["warmup_low_prob_share"]))
+    assert ex.weights_digest(AutoModelForCausalLM.from_pretrained(folder)) == record["weights_sha256"]
 
 
 def log_run(monkeypatch, folder, method, seed, steps, val, entropy, masked=None):

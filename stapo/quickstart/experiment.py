@@ -410,26 +410,36 @@ def weights_digest(model) -> str:
 
 
 class TailMass:
-    """A logits processor for ``generate`` that leaves the logits alone and records, at each step of each unfinished
-    response, the probability mass of the tokens below ``tau_p``: the chance that the token sampled there meets S2T's
-    low-probability condition. Their mean (:meth:`share`) is the expected share of such tokens among the sampled ones,
-    without the noise of sampling them: about twice the share of S2T's candidates (those also need Â > 0), which the
-    paper puts near 0.01 % of Qwen3's tokens once the entropy condition is applied (docs/experiments.md)."""
+    """A logits processor for ``generate`` that leaves the logits alone and records, at each step of each response,
+    the probability mass of the tokens below ``tau_p`` (0 once the response has ended): the chance that the token
+    sampled there meets S2T's low-probability condition. :meth:`share` turns that into the expected share of such
+    tokens among the sampled ones, without the noise of drawing them at each position."""
 
     def __init__(self, tau_p: float, eos_token_id: int):
         self.tau_p, self.eos = tau_p, eos_token_id
         self.start: int | None = None
         self.mass: list[torch.Tensor] = []
+        self.live: list[torch.Tensor] = []
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         self.start = input_ids.shape[1] if self.start is None else self.start  # the first call sees the prompts only
         live = ~(input_ids[:, self.start :] == self.eos).any(dim=1)
         probs = scores.float().softmax(dim=-1)
-        self.mass.append(torch.where(probs < self.tau_p, probs, 0.0).sum(dim=-1)[live].cpu())
+        self.mass.append(torch.where(live, torch.where(probs < self.tau_p, probs, 0.0).sum(dim=-1), 0.0).cpu())
+        self.live.append(live.cpu())
         return scores
 
-    def share(self) -> float:
-        return torch.cat(self.mass).mean().item()
+    def share(self, rows: torch.Tensor | None = None) -> float:
+        """Expected share of the sampled tokens with p < tau_p; with ``rows`` (one bool per response), of those that
+        lie in the chosen responses, e.g. the ones with Â > 0 (:func:`positive_advantage`): S2T's candidates."""
+        mass = torch.stack(self.mass, dim=1)  # (responses, steps)
+        return (mass[rows].sum() if rows is not None else mass.sum()).item() / torch.stack(self.live).sum().item()
+
+
+def positive_advantage(scores: Sequence[Sequence[float]]) -> torch.Tensor:
+    """One bool per response (problem-major, as ``generate`` orders ``num_return_sequences``): whether its score is
+    above its group's mean, i.e. its group-relative advantage Â is positive (GRPO's, JustRL's)."""
+    return torch.tensor([score > statistics.fmean(group) for group in scores for score in group])
 
 
 def warm_model(args: argparse.Namespace, device: str = "cuda") -> Path:
@@ -458,16 +468,19 @@ def warm_model(args: argparse.Namespace, device: str = "cuda") -> Path:
         print(f"{args.out / 'warmup'} is missing: warming up again, to the weights {record} records")
     torch.use_deterministic_algorithms(True, warn_only=True)  # the same weights on another machine of the same kind
     warm = prepare(args, device)
-    rounds, low_prob = 0, []
+    rounds, low_prob, candidates = 0, [], []
     while True:
         rounds += 1
         tail = TailMass(args.tau_p, warm.tokenizer.eos_token_id)  # on the same samples as the accuracy (same seed)
         responses = sample(warm.model, warm.tokenizer, warm.problems, args.samples, args.seed, observe=tail)
-        accuracy = mean(score_responses(warm.problems, responses))
+        scores = score_responses(warm.problems, responses)
+        accuracy = mean(scores)
         low_prob.append(tail.share())
+        candidates.append(tail.share(positive_advantage(scores)))
         print(
             f"warm-up round {rounds}: sampled accuracy {100 * accuracy:.1f}% (target {100 * args.warmup_target:g}%); "
-            f"expected share of sampled tokens with p < {args.tau_p:g}: {100 * low_prob[-1]:.4f}%"
+            f"expected share of sampled tokens with p < {args.tau_p:g}: {100 * low_prob[-1]:.4f}%, "
+            f"in responses with advantage > 0 (S2T's candidates): {100 * candidates[-1]:.4f}%"
         )
         if accuracy >= args.warmup_target or rounds == MAX_WARMUP_ROUNDS:
             break
@@ -489,6 +502,7 @@ def warm_model(args: argparse.Namespace, device: str = "cuda") -> Path:
         )
     fields = {**recorded_options(args), "warmup_rounds": rounds, "weights_sha256": digest}
     fields["warmup_low_prob_share"] = [round(x, 8) for x in low_prob]  # per round, TailMass.share
+    fields["warmup_candidate_share"] = [round(x, 8) for x in candidates]
     write_atomic(record, json.dumps(fields, indent=1) + "\n")
     return folder
 
