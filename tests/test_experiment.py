@@ -231,6 +231,7 @@ def test_the_warm_up_goes_on_until_the_target_and_records_every_round(tmp_path, 
     record = json.loads((tmp_path / "experiment.json").read_text())
     assert record["warmup_rounds"] == 2
     assert len(record["warmup_low_prob_share"]) == len(record["warmup_candidate_share"]) == 2
+    assert len(record["warmup_accuracy"]) == 2 and all(0 <= a <= 1 for a in record["warmup_accuracy"])
     assert all(0 <= c <= s for c, s in zip(record["warmup_candidate_share"], record["warmup_low_prob_share"]))
     assert ex.weights_digest(AutoModelForCausalLM.from_pretrained(folder)) == record["weights_sha256"]
 

@@ -468,13 +468,14 @@ def warm_model(args: argparse.Namespace, device: str = "cuda") -> Path:
         print(f"{args.out / 'warmup'} is missing: warming up again, to the weights {record} records")
     torch.use_deterministic_algorithms(True, warn_only=True)  # the same weights on another machine of the same kind
     warm = prepare(args, device)
-    rounds, low_prob, candidates = 0, [], []
+    rounds, accuracies, low_prob, candidates = 0, [], [], []
     while True:
         rounds += 1
         tail = TailMass(args.tau_p, warm.tokenizer.eos_token_id)  # on the same samples as the accuracy (same seed)
         responses = sample(warm.model, warm.tokenizer, warm.problems, args.samples, args.seed, observe=tail)
         scores = score_responses(warm.problems, responses)
         accuracy = mean(scores)
+        accuracies.append(accuracy)
         low_prob.append(tail.share())
         candidates.append(tail.share(positive_advantage(scores)))
         print(
@@ -501,8 +502,8 @@ def warm_model(args: argparse.Namespace, device: str = "cuda") -> Path:
             "model; bring that experiment's warmup/ folder along, or pass a new --out"
         )
     fields = {**recorded_options(args), "warmup_rounds": rounds, "weights_sha256": digest}
-    fields["warmup_low_prob_share"] = [round(x, 8) for x in low_prob]  # per round, TailMass.share
-    fields["warmup_candidate_share"] = [round(x, 8) for x in candidates]
+    per_round = {"accuracy": accuracies, "low_prob_share": low_prob, "candidate_share": candidates}
+    fields |= {f"warmup_{name}": [round(x, 8) for x in values] for name, values in per_round.items()}
     write_atomic(record, json.dumps(fields, indent=1) + "\n")
     return folder
 
