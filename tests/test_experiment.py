@@ -210,6 +210,19 @@ def test_tail_mass_is_the_chance_that_the_sampled_token_is_below_tau_p(tmp_path)
     assert 0 < tail.share(rows) < tail.share()
 
 
+def test_warmup_only_stops_before_any_run(tmp_path, monkeypatch):
+    """``run --warmup-only`` (the GPU check stubbed: this machine has none, and the warm-up runs on the CPU) writes
+    the record of every round and starts no Ray cluster and no run."""
+    warm = ex.warm_model
+    monkeypatch.setattr(ex, "check_run_args", lambda args: ["0"])
+    monkeypatch.setattr(ex, "warm_model", lambda args: warm(args, device="cpu"))
+    monkeypatch.setattr(ex, "launch", lambda *a, **k: pytest.fail("--warmup-only launched runs"))
+    options = ["--train", "32", "--val", "8", "--hidden-size", "32", "--layers", "1", "--warmup-steps", "4"]
+    ex.main(["run", "--out", str(tmp_path), *options, "--eval-problems", "2", "--samples", "2", "--warmup-only"])
+    assert json.loads((tmp_path / "experiment.json").read_text())["warmup_rounds"] >= 1
+    assert not (tmp_path / "runs").exists()
+
+
 def test_positive_advantage_is_a_score_above_the_group_mean():
     assert ex.positive_advantage([[1, 0, 0, 1], [1, 1, 1, 1], [0.5, 0, 0, 0]]).tolist() == [
         *(True, False, False, True),

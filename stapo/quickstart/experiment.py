@@ -1,7 +1,7 @@
 """Multi-seed experiment on the quickstart's task: does S2T change training?
 
     python -m stapo.quickstart.experiment run --out DIR [--methods justrl stapo grpo] [--seeds 0 1 2] [--steps 150]
-        [--gpus 0,1,2] [quickstart options: --tokenizer DIR --tau-p 0.002 --val 200 ...]
+        [--gpus 0,1,2] [--warmup-only] [quickstart options: --tokenizer DIR --tau-p 0.002 --val 200 ...]
     python -m stapo.quickstart.experiment summary DIR [--plots DIR]
 
 ``run`` builds the task and a tiny Qwen3 and warms it up once (:func:`stapo.quickstart.run.prepare`, on this
@@ -353,6 +353,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.2,
         help=f"more warm-up rounds (at most {MAX_WARMUP_ROUNDS} in all) while the sampled accuracy is below this",
     )
+    run.add_argument(
+        "--warmup-only",
+        action="store_true",
+        help="stop after the warm-up, which prints and records each round's accuracy and S2T shares (to choose "
+        "--warmup-target: docs/experiments.md section 5); use another --out for the experiment itself",
+    )
     run.add_argument("--methods", nargs="+", default=["justrl", "stapo", "grpo"], help="recipe methods (configs/)")
     run.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="RL seeds (prompt order, sampling)")
     run.add_argument("--steps", type=int, default=150, help="RL steps per run")
@@ -518,6 +524,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS for the warm-up
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a kill stops the runs and the cluster too
     folder = warm_model(args)
+    if args.warmup_only:
+        print(f"warm-up only: {args.out / 'experiment.json'} records each round")
+        return
     paths = {split: args.out / "data" / f"{split}.parquet" for split in ("train", "validation")}
 
     def command(run: Run) -> list:
