@@ -56,6 +56,7 @@ from stapo.quickstart.run import (
     warmup,
 )
 from stapo.quickstart.tiny import replace_overrides
+from stapo.tools.inspect_tokens import group_advantages
 from stapo.tools.io import write_atomic
 from stapo.tools.report import VALIDATION, ReportError, band, plot_runs, read_metrics
 from stapo.train.preflight import local_cluster_problems
@@ -443,15 +444,16 @@ class TailMass:
 
 
 def positive_advantage(scores: Sequence[Sequence[float]]) -> torch.Tensor:
-    """One bool per response (problem-major, as ``generate`` orders ``num_return_sequences``): whether its score is
-    above its group's mean, i.e. its group-relative advantage Â is positive (GRPO's, JustRL's)."""
-    return torch.tensor([score > statistics.fmean(group) for group in scores for score in group])
+    """One bool per response (problem-major, as ``generate`` orders ``num_return_sequences``): whether its GRPO
+    advantage Â within its problem's group is positive (verl's estimator, :func:`group_advantages`)."""
+    groups = [problem for problem, group in enumerate(scores) for _ in group]
+    return group_advantages([score for group in scores for score in group], groups) > 0
 
 
 def warm_model(args: argparse.Namespace, device: str = "cuda") -> Path:
     """The warmed-up model's folder, made by :func:`stapo.quickstart.run.prepare` on ``device`` (this process's first
     visible GPU), in deterministic mode, with more rounds while below ``--warmup-target``; each round's sampled accuracy
-    and :class:`TailMass` share are printed, the shares recorded in ``experiment.json`` (docs/experiments.md section 5).
+    and :class:`TailMass` shares are printed and recorded in ``experiment.json`` (docs/experiments.md section 5).
 
     When ``args.out`` holds an experiment (``experiment.json``), its options must be the same. Its ``warmup/`` is
     used if present; if not (the experiment's metrics and record carried to a new machine), the warm-up runs again

@@ -93,13 +93,18 @@ def _rollout(record: dict, name: str, tokenizer) -> Rollout:
 
 
 def grpo_advantages(rollouts: Sequence[Rollout]) -> torch.Tensor:
-    """GRPO advantages of the rollouts' scores, grouped by prompt, with verl's own estimator."""
+    """GRPO advantages of the rollouts' scores, grouped by prompt (:func:`group_advantages`)."""
+    return group_advantages([r.score for r in rollouts], [r.group for r in rollouts])
+
+
+def group_advantages(scores: Sequence[float], groups: Sequence) -> torch.Tensor:
+    """GRPO advantages of ``scores`` within their ``groups`` (one label per score, shared by the samples of one
+    prompt), with verl's own estimator."""
     import numpy as np
     from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
 
-    scores = torch.tensor([[r.score] for r in rollouts], dtype=torch.float32)
-    groups = np.array([r.group for r in rollouts], dtype=object)
-    advantages, _ = compute_grpo_outcome_advantage(scores, torch.ones_like(scores), groups)
+    column = torch.tensor([[score] for score in scores], dtype=torch.float32)
+    advantages, _ = compute_grpo_outcome_advantage(column, torch.ones_like(column), np.array(groups, dtype=object))
     return advantages[:, 0]
 
 
