@@ -105,6 +105,9 @@ def test_run_overrides_compose_and_validate(method, tmp_path):
     assert (cfg.data.seed, cfg.actor_rollout_ref.rollout.seed) == (7, 7)
     assert (cfg.trainer.total_training_steps, cfg.trainer.test_freq, cfg.trainer.save_freq) == (150, 25, 50)
     assert cfg.trainer.val_before_train and cfg.actor_rollout_ref.rollout.val_kwargs.n == 4
+    rollout = cfg.actor_rollout_ref.rollout
+    assert not rollout.free_cache_engine and rollout.enable_prefix_caching  # verl clears the cache after each update
+    assert rollout.log_prob_micro_batch_size_per_gpu == cfg.data.train_batch_size * rollout.n // 2
     assert cfg.trainer.experiment_name == f"experiment_{method}-s7"
     assert cfg.trainer.default_local_dir == str(tmp_path / "runs" / f"{method}-s7" / "ckpt")
     assert stapo.tau_p == 0.002 and stapo.metrics  # the s2t/* metrics observe the same rule in every method
@@ -128,6 +131,28 @@ def test_bad_options_stop_before_any_work(tmp_path, monkeypatch):
     assert not out.exists()
 
 
+def test_overrides_reach_every_run_and_are_checked_first(tmp_path, monkeypatch):
+    monkeypatch.setattr(ex.torch.cuda, "device_count", lambda: 0)
+    argv = ["run", "--out", str(tmp_path), "--methods", "justrl", "stapo", "--"]
+    engine = "actor_rollout_ref.rollout.free_cache_engine"
+    args = ex.build_parser().parse_args([*argv, f"{engine}=True", "trainer.test_freq=5"])
+    paths = {"train": tmp_path / "train.parquet", "validation": tmp_path / "validation.parquet"}
+    overrides = ex.run_overrides(ex.Run("stapo", 1), tmp_path / "warmup", paths, args)
+    assert f"{engine}=True" in overrides and "trainer.test_freq=5" in overrides
+    assert f"{engine}=False" not in overrides and "trainer.test_freq=25" not in overrides
+    for bad, message in (
+        ("trainer.no_such_key=1", "error: --methods justrl with the overrides: "),
+        ("stapo.q=2", "error: --methods justrl with the overrides: stapo.q=2"),
+        ("free_cache_engine", "error: overrides free_cache_engine: write each as KEY=VALUE"),
+    ):
+        with pytest.raises(SystemExit) as stop:
+            ex.main([*argv, bad])
+        assert str(stop.value).startswith(message), stop.value
+    with pytest.raises(SystemExit, match="needs CUDA GPUs"):  # valid overrides pass the check
+        ex.main([*argv, "actor_rollout_ref.rollout.free_cache_engine=True"])
+    assert not tmp_path.joinpath("runs").exists()
+
+
 def test_continuing_with_other_options_is_refused(tmp_path):
     args = ex.build_parser().parse_args(["run", "--out", str(tmp_path), "--warmup-steps", "300"])
     (tmp_path / "experiment.json").write_text(json.dumps({**ex.recorded_options(args), "warmup_steps": "200"}))
@@ -137,6 +162,11 @@ def test_continuing_with_other_options_is_refused(tmp_path):
     with pytest.raises(SystemExit, match="other --tau-p"):  # runs kept from before used another threshold
         ex.warm_model(args)
     (tmp_path / "experiment.json").write_text(json.dumps(ex.recorded_options(args)))
+    with_override = ex.build_parser().parse_args(["run", "--out", str(tmp_path), "--", "trainer.test_freq=5"])
+    with pytest.raises(SystemExit, match="other overrides after '--'"):
+        ex.warm_model(with_override)
+    old = {k: v for k, v in ex.recorded_options(args).items() if k != "overrides"}  # recorded before overrides existed
+    (tmp_path / "experiment.json").write_text(json.dumps(old))
     (tmp_path / "warmup").mkdir()
     (tmp_path / "warmup" / "config.json").write_text("{}")
     assert ex.warm_model(args) == tmp_path / "warmup"  # the same options: the model from before, no warm-up

@@ -2,6 +2,7 @@
 
     python -m stapo.quickstart.experiment run --out DIR [--methods justrl stapo grpo] [--seeds 0 1 2] [--steps 150]
         [--gpus 0,1,2] [--warmup-only] [quickstart options: --tokenizer DIR --tau-p 0.002 --val 200 ...]
+        [-- KEY=VALUE ...]
     python -m stapo.quickstart.experiment summary DIR [--plots DIR]
 
 ``run`` builds the task and a tiny Qwen3 and warms it up once (:func:`stapo.quickstart.run.prepare`, on this
@@ -11,8 +12,9 @@ jobs of one Ray cluster that the command starts over ``--gpus`` (:func:`ray_clus
 the order of the prompts (``data.seed``) and vLLM's sampling (``actor_rollout_ref.rollout.seed``); every run validates
 on the task's validation split every ``--test-freq`` steps, checkpoints every ``--save-freq`` steps, and logs verl's
 metrics with the recipe's ``stapo/*`` and ``s2t/*`` (the S2T rule observed at the old policy in every run, applied
-only by STAPO). Each run writes ``DIR/runs/METHOD-sSEED/{train.log,metrics.jsonl,exit_code}``. The same command again
-continues: finished runs are kept, the others resume from their latest checkpoint (verl's ``resume_mode: auto``).
+only by STAPO). Hydra overrides after ``--`` apply to every run (checked before any work). Each run writes
+``DIR/runs/METHOD-sSEED/{train.log,metrics.jsonl,exit_code}``. The same command again continues: finished runs are
+kept, the others resume from their latest checkpoint (verl's ``resume_mode: auto``).
 
 ``summary`` reads the runs' metrics and writes ``summary.md`` (per method, at the steps every run reached: mean ±
 standard deviation over seeds of the validation accuracy before and after training, the training reward, the actor
@@ -63,7 +65,7 @@ from stapo.train.preflight import local_cluster_problems
 
 RECORDED_OPTIONS = (
     *("seed", "train", "val", "hidden_size", "layers", "tokenizer", "warmup_steps", "batch_size", "lr"),
-    *("eval_problems", "samples", "warmup_target", "steps", "test_freq", "val_n", "tau_p", "q"),
+    *("eval_problems", "samples", "warmup_target", "steps", "test_freq", "val_n", "tau_p", "q", "overrides"),
 )
 """Options that define the warmed-up model and the runs: a continued experiment must be given the same ones (more
 methods and seeds may be added)."""
@@ -99,8 +101,14 @@ def run_overrides(run: Run, warm: Path, paths: dict[str, Path], args: argparse.N
     """Hydra overrides of one run: the quickstart's run (:func:`stapo.quickstart.run.train_overrides`) with the run's
     seed, ``--steps``, validation every ``--test-freq`` steps (``--val-n`` samples per problem), checkpoints every
     ``--save-freq`` steps and the same S2T thresholds in every method (observed by the ``s2t/*`` metrics where not
-    applied)."""
+    applied).
+
+    Two settings shorten a step without changing what is computed, since a run of this tiny model is bound by per-call
+    overheads, not by the GPU (docs/experiments.md section 6): vLLM keeps its weights and KV cache between steps
+    (``free_cache_engine=False``; verl still clears the prefix cache after each weight update), and the old and
+    reference log-probabilities are computed in two micro-batches instead of four."""
     out = args.out / "runs" / run.name
+    log_prob_batch = PROMPTS // 2 * ROLLOUTS
     changes = {
         "trainer.experiment_name": f"experiment_{run.name}",
         "data.seed": run.seed,
@@ -110,9 +118,12 @@ def run_overrides(run: Run, warm: Path, paths: dict[str, Path], args: argparse.N
         "trainer.max_actor_ckpt_to_keep": 2,
         "actor_rollout_ref.actor.checkpoint.save_contents": "[model,optimizer,extra]",
         "actor_rollout_ref.rollout.val_kwargs.n": args.val_n,
-        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": PROMPTS // 4 * ROLLOUTS,  # GRPO's KL reference
+        "actor_rollout_ref.rollout.free_cache_engine": False,
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": log_prob_batch,
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": log_prob_batch,  # GRPO's KL reference
         "stapo.tau_p": args.tau_p,
         "stapo.q": args.q,
+        **dict(override.split("=", 1) for override in args.overrides),
     }
     return replace_overrides(train_overrides(run.method, warm, paths, args.steps, out, args.tau_p), changes)
 
@@ -368,6 +379,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--save-freq", type=int, default=50, help="checkpoint every this many steps")
     run.add_argument("--gpus", help="comma-separated GPU indices (default: every visible GPU)")
     run.add_argument("--stall-minutes", type=float, default=15.0, help="stop a run whose log is silent this long")
+    run.add_argument(
+        "overrides", nargs="*", metavar="KEY=VALUE", help="Hydra overrides for every run, after '--' (as stapo.train's)"
+    )
     summary = commands.add_parser("summary", help="table and curves of the runs under DIR")
     summary.add_argument("folder", type=Path, metavar="DIR")
     summary.add_argument("--plots", type=Path, help="folder for the curves (default: DIR/plots)")
@@ -389,6 +403,7 @@ def check_run_args(args: argparse.Namespace) -> list[str]:
         raise SystemExit(f"error: --stall-minutes={args.stall_minutes}: must be positive")
     if not 0 <= args.warmup_target <= 1:
         raise SystemExit(f"error: --warmup-target={args.warmup_target}: must be a fraction in [0, 1]")
+    check_overrides(args)
     visible = torch.cuda.device_count()
     if visible == 0:
         raise SystemExit("error: the experiment trains with verl and needs CUDA GPUs (none visible)")
@@ -400,6 +415,26 @@ def check_run_args(args: argparse.Namespace) -> list[str]:
         raise SystemExit(f"error: {problem}")
     ids = os.environ.get("CUDA_VISIBLE_DEVICES")  # the Ray head is started with these: name them as this process does
     return [ids.split(",")[int(g)] for g in gpus] if ids else gpus
+
+
+def check_overrides(args: argparse.Namespace) -> None:
+    """Each method's config composed with the runs' overrides (those after ``--`` included) must pass the trainer's
+    checks (:func:`stapo.train.main.validate`, without looking at files or GPUs)."""
+    from hydra import compose, initialize_config_dir
+
+    from stapo.config import CONFIG_DIR
+    from stapo.train.main import validate
+
+    malformed = [o for o in args.overrides if "=" not in o or o.startswith("=")]
+    if malformed:
+        raise SystemExit(f"error: overrides {' '.join(malformed)}: write each as KEY=VALUE, after '--'")
+    paths = {split: args.out / "data" / f"{split}.parquet" for split in ("train", "validation")}
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        for method in args.methods:
+            try:
+                validate(compose(method, run_overrides(Run(method, 0), args.out / "warmup", paths, args)), False)
+            except Exception as error:  # Hydra's and the trainer's errors name the key
+                raise SystemExit(f"error: --methods {method} with the overrides: {error}") from None
 
 
 def recorded_options(args: argparse.Namespace) -> dict[str, str]:
@@ -463,7 +498,12 @@ def warm_model(args: argparse.Namespace, device: str = "cuda") -> Path:
     before = None
     if record.is_file():
         before = json.loads(record.read_text())
-        changed = ", ".join(f"--{k.replace('_', '-')}" for k, v in recorded_options(args).items() if before.get(k) != v)
+        before.setdefault("overrides", "[]")  # recorded since the overrides after '--' exist
+        changed = ", ".join(
+            "overrides after '--'" if k == "overrides" else f"--{k.replace('_', '-')}"
+            for k, v in recorded_options(args).items()
+            if before.get(k) != v
+        )
         if changed:
             raise SystemExit(
                 f"error: {args.out} holds an experiment with other {changed} "
