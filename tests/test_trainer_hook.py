@@ -23,7 +23,7 @@ from stapo.config import CONFIG_DIR
 from stapo.s2t import s2t_mask
 from stapo.train.loss import stapo_loss
 from stapo.train.preflight import validate_training_config
-from stapo.train.trainer import STAPOTrainer, minibatch_rows
+from stapo.train.trainer import POLL_INTERVAL_S, STAPOTrainer, minibatch_rows
 
 N_ROWS, DP = 16, 2
 MINI_PROMPTS, ROLLOUT_N = 2, 2  # PPO mini-batch of 4 responses: 4 mini-batches, 2 rows per rank each
@@ -295,6 +295,7 @@ def test_the_trainer_is_verls_sync_trainer():
     trainer = STAPOTrainer(compose())  # builds no workers: those come with _setup
     assert trainer.trainer_mode == "sync" and type(trainer.replay_buffer) is ReplayBuffer
     assert not isinstance(trainer.replay_buffer, ReplayBufferAsync) and trainer.parameter_sync_step == 1
+    assert trainer.replay_buffer.poll_interval == POLL_INTERVAL_S < 2.0  # verl's 2 s rounded generation up
 
 
 def test_resume_position_check_on_a_real_dataloader():

@@ -2,8 +2,8 @@
 
 Every recipe config selects it (``trainer.v1.trainer_mode=stapo_sync``). verl 0.9.1 takes its asynchronous code
 paths (replay buffer, one-prompt dataloader fetches, TransferQueue in checkpoints) for any trainer mode not named
-``sync``, so this trainer declares itself ``sync`` to verl's base class. Two additions to ``PPOTrainerSync``, and a
-resume check:
+``sync``, so this trainer declares itself ``sync`` to verl's base class (and has its replay buffer look for finished
+rollouts every :data:`POLL_INTERVAL_S`). Two additions to ``PPOTrainerSync``, and a resume check:
 
 1. after the workers are built, the actor workers' loss becomes :func:`stapo.train.loss.stapo_loss` (verl's
    ``ppo_loss`` plus the mask of ``policy_source: current`` and an empty-mini-batch guard);
@@ -36,6 +36,7 @@ import torch
 import transfer_queue as tq
 from tensordict import TensorDict
 from transfer_queue import KVBatchMeta
+from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
 from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils import tensordict_utils as tu
@@ -55,6 +56,11 @@ MASK_FIELDS = ("response_mask", "loss_mask")
 the V1 agent loop stores): the mask is folded into both, or into ``response_mask`` only when the denominator is all
 response tokens (``stapo.top_entropy_norm: all``)."""
 
+
+POLL_INTERVAL_S = 0.2
+"""How often verl's replay buffer looks in TransferQueue for the step's finished rollouts (verl 0.9.1: every 2 s, not
+configurable). At 2 s a step's generation is rounded up to a multiple of 2 s: short runs measured 2.1 or 4.1 s for
+the same work (docs/experiments.md section 6); each look is one metadata listing, cheap at paper scale too."""
 
 _BACKGROUND = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stapo-s2t-metrics")
 """Computes the s2t/* gradient-bound sums while the workers run the actor update (NumPy releases the GIL)."""
@@ -132,7 +138,10 @@ class STAPOTrainer(PPOTrainerSync):
         # trainer.v1.<mode> just before this call
         self.trainer_mode = "sync"
         self.parameter_sync_step = self.config.trainer.v1.get("sync", {}).get("parameter_sync_step", 1)
-        return super()._build_replay_buffer()
+        buffer = super()._build_replay_buffer()
+        if type(buffer) is ReplayBuffer:  # verl's own (a custom sampler keeps its interval)
+            buffer.poll_interval = POLL_INTERVAL_S
+        return buffer
 
     def _load_checkpoint(self):
         super()._load_checkpoint()
