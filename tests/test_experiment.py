@@ -135,15 +135,24 @@ def test_overrides_reach_every_run_and_are_checked_first(tmp_path, monkeypatch):
     monkeypatch.setattr(ex.torch.cuda, "device_count", lambda: 0)
     argv = ["run", "--out", str(tmp_path), "--methods", "justrl", "stapo", "--"]
     engine = "actor_rollout_ref.rollout.free_cache_engine"
-    args = ex.build_parser().parse_args([*argv, f"{engine}=True", "trainer.test_freq=5"])
+    args = ex.build_parser().parse_args([*argv, f"{engine}=True", "trainer.balance_batch=False"])
     paths = {"train": tmp_path / "train.parquet", "validation": tmp_path / "validation.parquet"}
     overrides = ex.run_overrides(ex.Run("stapo", 1), tmp_path / "warmup", paths, args)
-    assert f"{engine}=True" in overrides and "trainer.test_freq=5" in overrides
-    assert f"{engine}=False" not in overrides and "trainer.test_freq=25" not in overrides
+    assert f"{engine}=True" in overrides and "trainer.balance_batch=False" in overrides
+    assert f"{engine}=False" not in overrides
     for bad, message in (
         ("trainer.no_such_key=1", "error: --methods justrl with the overrides: "),
-        ("stapo.q=2", "error: --methods justrl with the overrides: stapo.q=2"),
+        ("stapo.top_entropy_ratio=2", "error: --methods justrl with the overrides: stapo.top_entropy_ratio=2"),
         ("free_cache_engine", "error: overrides free_cache_engine: write each as KEY=VALUE"),
+        ("++data.seed=3", "error: override ++data.seed=3: data.seed is set for each run by --seeds"),
+        (
+            "trainer.default_local_dir=/tmp/x",
+            "error: override trainer.default_local_dir=/tmp/x: trainer.default_local_dir",
+        ),
+        (
+            "trainer.total_training_steps=9",
+            "error: override trainer.total_training_steps=9: trainer.total_training_steps is set for each run by --st",
+        ),
     ):
         with pytest.raises(SystemExit) as stop:
             ex.main([*argv, bad])
@@ -162,7 +171,7 @@ def test_continuing_with_other_options_is_refused(tmp_path):
     with pytest.raises(SystemExit, match="other --tau-p"):  # runs kept from before used another threshold
         ex.warm_model(args)
     (tmp_path / "experiment.json").write_text(json.dumps(ex.recorded_options(args)))
-    with_override = ex.build_parser().parse_args(["run", "--out", str(tmp_path), "--", "trainer.test_freq=5"])
+    with_override = ex.build_parser().parse_args(["run", "--out", str(tmp_path), "--", "trainer.balance_batch=False"])
     with pytest.raises(SystemExit, match="other overrides after '--'"):
         ex.warm_model(with_override)
     old = {k: v for k, v in ex.recorded_options(args).items() if k != "overrides"}  # recorded before overrides existed

@@ -69,6 +69,19 @@ RECORDED_OPTIONS = (
 )
 """Options that define the warmed-up model and the runs: a continued experiment must be given the same ones (more
 methods and seeds may be added)."""
+RUN_KEYS = {
+    **dict.fromkeys(("data.seed", "actor_rollout_ref.rollout.seed"), "--seeds"),
+    "trainer.total_training_steps": "--steps",
+    "trainer.test_freq": "--test-freq",
+    "trainer.save_freq": "--save-freq",
+    "actor_rollout_ref.rollout.val_kwargs.n": "--val-n",
+    "stapo.tau_p": "--tau-p",
+    "stapo.q": "--q",
+    **dict.fromkeys(("trainer.experiment_name", "trainer.default_local_dir"), "the run's name"),
+    **dict.fromkeys(("actor_rollout_ref.model.path", "data.train_files", "data.val_files"), "the warm-up and the task"),
+}
+"""Keys the experiment sets for each run, and what sets them: overrides after ``--`` may not change them (two runs
+would share a seed or a checkpoint folder, or an option would not mean what it says)."""
 MAX_WARMUP_ROUNDS = 4
 """Warm-up rounds (of ``--warmup-steps`` each) at most while the sampled accuracy is below ``--warmup-target``."""
 POLL_S = 5.0
@@ -103,7 +116,7 @@ def run_overrides(run: Run, warm: Path, paths: dict[str, Path], args: argparse.N
     ``--save-freq`` steps and the same S2T thresholds in every method (observed by the ``s2t/*`` metrics where not
     applied).
 
-    Two settings shorten a step without changing what is computed, since a run of this tiny model is bound by per-call
+    Two settings shorten a step without changing the algorithm, since a run of this tiny model is bound by per-call
     overheads, not by the GPU (docs/experiments.md section 6): vLLM keeps its weights and KV cache between steps
     (``free_cache_engine=False``; verl still clears the prefix cache after each weight update), and the old and
     reference log-probabilities are computed in two micro-batches instead of four."""
@@ -428,6 +441,10 @@ def check_overrides(args: argparse.Namespace) -> None:
     malformed = [o for o in args.overrides if "=" not in o or o.startswith("=")]
     if malformed:
         raise SystemExit(f"error: overrides {' '.join(malformed)}: write each as KEY=VALUE, after '--'")
+    for override in args.overrides:
+        key = override.split("=", 1)[0].lstrip("+~")
+        if key in RUN_KEYS:
+            raise SystemExit(f"error: override {override}: {key} is set for each run by {RUN_KEYS[key]}")
     paths = {split: args.out / "data" / f"{split}.parquet" for split in ("train", "validation")}
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
         for method in args.methods:
@@ -439,7 +456,9 @@ def check_overrides(args: argparse.Namespace) -> None:
 
 def recorded_options(args: argparse.Namespace) -> dict[str, str]:
     """The options of :data:`RECORDED_OPTIONS`, as strings (for ``DIR/experiment.json``)."""
-    return {name: str(getattr(args, name)) for name in RECORDED_OPTIONS}
+    return {
+        name: str(sorted(args.overrides) if name == "overrides" else getattr(args, name)) for name in RECORDED_OPTIONS
+    }
 
 
 def weights_digest(model) -> str:
