@@ -57,6 +57,7 @@ from stapo.quickstart.run import (
     train_overrides,
     warmup,
 )
+from stapo.quickstart.task import task_paths
 from stapo.quickstart.tiny import replace_overrides
 from stapo.tools.inspect_tokens import group_advantages
 from stapo.tools.io import write_atomic
@@ -445,7 +446,7 @@ def check_overrides(args: argparse.Namespace) -> None:
         key = override.split("=", 1)[0].lstrip("+~")
         if key in RUN_KEYS:
             raise SystemExit(f"error: override {override}: {key} is set for each run by {RUN_KEYS[key]}")
-    paths = {split: args.out / "data" / f"{split}.parquet" for split in ("train", "validation")}
+    paths = task_paths(args.out / "data")
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
         for method in args.methods:
             try:
@@ -588,7 +589,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.warmup_only:
         print(f"warm-up only: {args.out / 'experiment.json'} records each round")
         return
-    paths = {split: args.out / "data" / f"{split}.parquet" for split in ("train", "validation")}
+    paths = task_paths(args.out / "data")
 
     def command(run: Run) -> list:
         config = [sys.executable, "-m", "stapo.train", f"--config-name={run.method}"]

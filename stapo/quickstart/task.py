@@ -67,9 +67,14 @@ def to_rows(problems: list[ArithProblem], split: str, seed: int) -> list[dict]:
     ]
 
 
+def task_paths(out_dir: str | Path, splits=("train", "validation")) -> dict[str, Path]:
+    """``out_dir/<split>.parquet`` by split: where :func:`write_task` writes the task."""
+    return {split: Path(out_dir) / f"{split}.parquet" for split in splits}
+
+
 def write_task(splits: dict[str, list[ArithProblem]], out_dir: str | Path, seed: int) -> dict[str, Path]:
     """Write ``out_dir/<split>.parquet`` for every split; returns the paths by split."""
-    paths = {split: Path(out_dir) / f"{split}.parquet" for split in splits}
+    paths = task_paths(out_dir, splits)
     for split, problems in splits.items():
         write_parquet(to_rows(problems, split, seed), paths[split])
     return paths
