@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import ray
 from hydra import compose, initialize_config_dir
 from ray._common.utils import get_ray_address_file
 from verl.utils.tracking import FileLogger
@@ -33,20 +34,23 @@ STUB = """
 import sys, time
 print("driver from", time.time(), flush=True)
 import os, ray
-ray.init(log_to_driver=False)  # RAY_ADDRESS: the experiment's cluster
+ray.init(log_to_driver=False)  # RAY_ADDRESS: the run's cluster
 @ray.remote(num_gpus=1)
 def hold(seconds):
     time.sleep(seconds)
     return os.environ["CUDA_VISIBLE_DEVICES"]
-print("job", ray.get_runtime_context().get_job_id(), "gpu", ray.get(hold.remote(float(sys.argv[1]))), flush=True)
+context = ray.get_runtime_context()
+gpu = ray.get(hold.remote(float(sys.argv[1])))
+print("job", context.get_job_id(), "cluster", context.gcs_address, "gpu", gpu, flush=True)
 print("driver to", time.time(), flush=True)
 sys.exit(int(sys.argv[2]))
 """
 
 
-def test_launch_runs_one_job_per_gpu_on_one_ray_cluster(tmp_path, monkeypatch):
-    """A stub stands in for the training command (verl's trainer needs GPUs); the Ray cluster is real, with two GPUs
-    declared to Ray (``ray start --num-gpus``), as the experiment starts it on a GPU machine."""
+def test_launch_runs_each_run_in_a_cluster_of_its_own(tmp_path, monkeypatch):
+    """A stub stands in for the training command (verl's trainer needs GPUs); the Ray clusters are real, each with
+    one GPU declared to Ray (``ray start --num-gpus=1``), as the experiment starts them on a GPU machine. Runs at the
+    same time must not share a cluster (verl's TransferQueue) nor a Ray job id (verl's weight-transfer socket)."""
     monkeypatch.setattr(ex, "HANDOVER_S", 2.0)
     runs = ex.plan(["justrl", "stapo"], [0, 1])
     runs.append(ex.Run("grpo", 0))
@@ -59,37 +63,70 @@ def test_launch_runs_one_job_per_gpu_on_one_ray_cluster(tmp_path, monkeypatch):
     def command(run):
         if run.name == "stapo-s1":  # hangs silently, as a run whose weight hand-over never completes
             return [sys.executable, "-c", "import time; time.sleep(600)"]
-        return [sys.executable, str(script), "8", "1" if run.name == "stapo-s0" else "0"]
+        return [sys.executable, str(script), "25", "1" if run.name == "stapo-s0" else "0"]  # > a cluster start
 
-    codes = ex.launch(runs, command, ["0", "1"], tmp_path, stall_s=25)
+    codes = ex.launch(runs, command, ["0", "1"], tmp_path, stall_s=40)  # > the stub's silence
     assert codes == {"grpo-s0": 0, "justrl-s0": 0, "stapo-s0": 1, "justrl-s1": 0, "stapo-s1": -9}  # -9: stalled
-    logs = [(tmp_path / "runs" / r.name / "train.log").read_text() for r in runs[:3]]
-    assert len({re.search(r"job (\w+)", log)[1] for log in logs}) == 3  # distinct Ray job ids: no shared socket
-    lives = [[float(re.search(rf"driver {edge} (\S+)", log)[1]) for edge in ("from", "to")] for log in logs]
+    logs = {r.name: (tmp_path / "runs" / r.name / "train.log").read_text() for r in runs[:3]}
+    seen = {name: re.search(r"job (\w+) cluster (\S+) gpu (\w+)", log).groups() for name, log in logs.items()}
+    # GPU slot s: this process connected s + 1 times before the run, whose driver is then job s + 2
+    job = {slot: ray.JobID.from_int(slot + 2).hex() for slot in (0, 1)}
+    assert seen["justrl-s0"][::2] == (job[0], "0") and seen["stapo-s0"][::2] == (job[1], "1")
+    assert seen["justrl-s1"][::2] == (job[0], "0")  # the next run on GPU 0, in a fresh cluster
+    assert len({cluster for _, cluster, _ in seen.values()}) == 3
+    lives = [[float(re.search(rf"driver {edge} (\S+)", log)[1]) for edge in ("from", "to")] for log in logs.values()]
     overlapping = max(sum(start <= t < end for start, end in lives) for t, _ in lives)
     assert overlapping == 2  # the runs used both GPUs at once, and never ran more drivers than GPUs
     assert (tmp_path / "runs" / "stapo-s0" / "exit_code").read_text() == "1\n"
+    assert (tmp_path / "runs" / "justrl-s0" / "ray.log").is_file()  # each run's cluster logs beside it
     assert not (tmp_path / "runs" / "grpo-s0" / "train.log").exists()
-    assert preflight.local_ray_clusters() == [], "the experiment's Ray cluster was left running"
+    assert preflight.local_ray_clusters() == [], "a run's Ray cluster was left running"
     assert not Path(get_ray_address_file(None)).exists()  # else a later local ray.init() would look for it
 
 
-def test_a_local_run_beside_a_running_cluster_is_refused(tmp_path, monkeypatch):
-    """Two local clusters on one machine share verl's weight-transfer socket: the preflight refuses the second run
-    (the GPU count is stubbed: this machine has none); runs given RAY_ADDRESS (the experiment's) are jobs of one
-    cluster and pass."""
+def test_a_second_run_beside_a_running_cluster_is_refused(tmp_path, monkeypatch):
+    """Two local clusters on one machine share verl's weight-transfer socket, and two jobs of one cluster share
+    verl's TransferQueue: the preflight refuses a local run beside a cluster, and a run given RAY_ADDRESS where a
+    TransferQueue controller lives (an actor of that name stands in for a verl run's; the GPU count is stubbed: this
+    machine has none)."""
     monkeypatch.setattr(preflight, "local_gpus", lambda: 1)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
         cfg = compose(config_name="justrl", overrides=["trainer.n_gpus_per_node=1"])
     assert preflight._gpu_problems(cfg) == []
-    with ex.ray_cluster(["0"], tmp_path / "ray.log") as address:
+    with ex.ray_cluster("0", 0, tmp_path / "ray.log") as address:
         (line,) = preflight._gpu_problems(cfg)
         assert line.startswith("another Ray cluster runs on this machine (gcs_server, pid ")
-        assert "/tmp/rl-colocate-zmq-01000000-replica-0-rank-0.sock" in line and "RAY_ADDRESS=HEAD_IP:PORT" in line
+        assert "/tmp/rl-colocate-zmq-01000000-replica-0-rank-0.sock" in line and "share verl's TransferQueue" in line
         monkeypatch.setenv("RAY_ADDRESS", address)
-        assert preflight._gpu_problems(cfg) == []  # the cluster has the one GPU declared to it
+        assert preflight._gpu_problems(cfg) == []  # the cluster has the one GPU declared to it, and no verl run
+
+        class Placeholder:  # defined here, so that Ray ships it by value to a worker that cannot import tests/
+            def ready(self) -> bool:
+                return True
+
+        name, namespace = preflight.TQ_CONTROLLER
+        ray.init(address=address, log_to_driver=False)
+        controller = ray.remote(Placeholder).options(name=name, namespace=namespace).remote()
+        ray.get(controller.ready.remote())
+        (line,) = preflight._gpu_problems(cfg)
+        assert line.startswith(f"RAY_ADDRESS={address}: a verl run is training on this cluster")
+        ray.shutdown()  # the controller ends with its job, as a verl run's does
+        for _ in range(20):
+            if not preflight._gpu_problems(cfg):
+                break
+        else:
+            pytest.fail("the cluster was still taken for busy after the controller's job ended")
     assert preflight.local_ray_clusters() == []
+
+
+def test_the_preflight_looks_for_the_controller_that_transfer_queue_starts():
+    import inspect
+
+    import transfer_queue.interface
+
+    name, namespace = preflight.TQ_CONTROLLER
+    assert f'name="{name}", namespace="{namespace}"' in inspect.getsource(transfer_queue.interface)
 
 
 @pytest.mark.parametrize("method", ["justrl", "stapo", "grpo", "entropy20"])

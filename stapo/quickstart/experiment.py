@@ -7,8 +7,8 @@
 
 ``run`` builds the task and a tiny Qwen3 and warms it up once (:func:`stapo.quickstart.run.prepare`, on this
 process's first visible GPU), then trains every (method, seed) from that one warmed-up model through the real
-trainer (``python -m stapo.train --config-name=METHOD``: verl V1, vLLM, FSDP), one run per GPU at a time, all of them
-jobs of one Ray cluster that the command starts over ``--gpus`` (:func:`ray_cluster` says why one). A run's seed sets
+trainer (``python -m stapo.train --config-name=METHOD``: verl V1, vLLM, FSDP), one run per GPU at a time, each in a
+Ray cluster of its own on its GPU (:func:`ray_cluster` says why, and how their job ids differ). A run's seed sets
 the order of the prompts (``data.seed``) and vLLM's sampling (``actor_rollout_ref.rollout.seed``); every run validates
 on the task's validation split every ``--test-freq`` steps, checkpoints every ``--save-freq`` steps, and logs verl's
 metrics with the recipe's ``stapo/*`` and ``s2t/*`` (the S2T rule observed at the old policy in every run, applied
@@ -38,7 +38,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -143,40 +143,47 @@ def run_overrides(run: Run, warm: Path, paths: dict[str, Path], args: argparse.N
 
 
 @contextmanager
-def ray_cluster(gpus: Sequence[str], log: Path) -> Iterator[str]:
-    """One Ray cluster on this machine over ``gpus`` for all the experiment's runs; yields its address, and stops it
-    on exit. This process stays connected, to see which GPUs are free. :func:`check_run_args` has made sure that no
-    other cluster runs here.
+def ray_cluster(gpu: str, slot: int, log: Path) -> Iterator[str]:
+    """A Ray cluster of one run's own on this machine, over the GPU ``gpu`` (a ``CUDA_VISIBLE_DEVICES`` entry); yields
+    its address, and stops it on exit. :func:`check_run_args` has made sure that no other cluster runs here.
 
-    Why one cluster: verl 0.9.1 names the socket over which a run's trainer hands its weights to vLLM after the Ray
-    job id (``/tmp/rl-colocate-zmq-<job id>-replica-0-rank-0.sock``, verl PR #6246), and a fresh Ray cluster
-    numbers its first job ``01000000``: runs that each start their own cluster on one machine bind the same socket,
-    then hang or load each other's weights (docs/experiments.md). The jobs of one cluster get distinct ids.
+    Why a cluster each: verl 0.9.1 keeps a run's rollouts in TransferQueue, whose controller is a named Ray actor
+    (``TransferQueueController`` in the namespace ``transfer_queue``), so the jobs of one cluster share it and take each
+    other's rollouts (docs/experiments.md section 7). Why ``slot``: verl names the socket over which a run's trainer
+    hands its weights to vLLM after the Ray job id (``/tmp/rl-colocate-zmq-<job id>-replica-0-rank-0.sock``, verl PR
+    #6246), and a fresh cluster numbers its jobs from 1 in the order their drivers connect. This process connects
+    and leaves until it has been job ``slot + 1``; every run then connects alike (the preflight, then the trainer), so
+    the trainers on different GPUs get different job ids.
     """
     import ray
     from ray._common.utils import get_ray_address_file
     from ray._private.services import get_node_ip_address
 
-    with socket.socket() as probe:
-        probe.bind(("", 0))
-        port = probe.getsockname()[1]
+    port, client_port, dashboard_port, agent_port = free_ports(4)
     cmd = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", f"--port={port}"]
-    cmd += [f"--num-gpus={len(gpus)}", "--include-dashboard=false", "--disable-usage-stats"]
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(gpus)}
+    cmd += [f"--ray-client-server-port={client_port}", f"--dashboard-port={dashboard_port}"]  # else fixed ports
+    cmd += [f"--dashboard-agent-listen-port={agent_port}"]
+    cmd += ["--num-gpus=1", "--include-dashboard=false", "--disable-usage-stats"]
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpu}
     with open(log, "a") as out:
         head = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     address = f"{get_node_ip_address()}:{port}"
     try:
-        for _ in range(60):
+        job, deadline = 0, time.monotonic() + 120
+        while job <= slot:
             try:
-                ray.init(address=address, log_to_driver=False)
-                break
+                ray.init(address=address, log_to_driver=False, logging_level="ERROR")
             except ConnectionError:
                 if head.poll() is not None:
                     raise SystemExit(f"error: the Ray head stopped (exit {head.returncode}); see {log}") from None
+                if time.monotonic() > deadline:
+                    raise SystemExit(f"error: no Ray cluster at {address} after 2 minutes; see {log}") from None
                 time.sleep(2)
-        else:
-            raise SystemExit(f"error: no Ray cluster at {address} after 2 minutes; see {log}")
+                continue
+            job = int.from_bytes(bytes.fromhex(ray.get_runtime_context().get_job_id()), "little")
+            ray.shutdown()
+        if job != slot + 1:  # another driver connected meanwhile: the run's job id could be another slot's
+            raise SystemExit(f"error: the Ray cluster at {address} numbered this process's job {job}, not {slot + 1}")
         yield address
     finally:
         if ray.is_initialized():
@@ -194,23 +201,25 @@ def ray_cluster(gpus: Sequence[str], log: Path) -> Iterator[str]:
             record.unlink()
 
 
-def free_gpus() -> int:
-    """GPUs the connected Ray cluster has free now."""
-    import ray
-
-    return int(ray.available_resources().get("GPU", 0))
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct TCP ports that are free now (the OS picks them)."""
+    with ExitStack() as stack:
+        probes = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for probe in probes:
+            probe.bind(("", 0))
+        return [probe.getsockname()[1] for probe in probes]
 
 
 def launch(
     runs: Sequence[Run], command: Callable[[Run], list[str]], gpus: Sequence[str], out: Path, stall_s: float
 ) -> dict:
-    """Run every unfinished run (``command(run)``, logs in ``out/runs/NAME``) on one Ray cluster (:func:`ray_cluster`)
-    over ``gpus``, one run per GPU: the next run starts when a GPU is free in Ray's own count (verl refuses to start
-    otherwise) and :data:`HANDOVER_S` after the last run ended (its processes may still release GPU memory, which a
-    starting vLLM engine measures). A run whose log stays silent for ``stall_s`` seconds is stopped (a hung weight
-    hand-over would hold its GPU for good); if this process stops, so do the runs. Returns each run's exit code (0
-    for runs kept from before)."""
-    codes, queue, running, started = {}, [], {}, {}
+    """Run every unfinished run (``command(run)``, logs in ``out/runs/NAME``), each in a Ray cluster of its own
+    (:func:`ray_cluster`) over one of ``gpus``, one run per GPU at a time: a GPU takes the next run :data:`HANDOVER_S`
+    after its last run ended (that run's processes may still release GPU memory, which a starting vLLM engine
+    measures). A run whose log stays silent for ``stall_s`` seconds is stopped (a hung weight hand-over would hold its
+    GPU for good); if this process stops, so do the runs and their clusters. Returns each run's exit code (0 for runs
+    kept from before)."""
+    codes, queue = {}, []
     for run in runs:
         done = out / "runs" / run.name / "exit_code"
         if done.is_file() and done.read_text().strip() == "0":
@@ -218,44 +227,49 @@ def launch(
             codes[run.name] = 0
         else:
             queue.append(run)
-    if not queue:
-        return codes
-    ended = 0.0
-    with ray_cluster(gpus, out / "ray.log") as address:
-        try:
-            while queue or running:
-                for run, process in list(running.items()):
-                    log = out / "runs" / run.name / "train.log"
-                    if process.poll() is None and time.time() - max(log.stat().st_mtime, started[run]) > stall_s:
-                        print(f"{run.name}: no output for {stall_s:.0f} s, stopped (log: {log})", flush=True)
-                        process.kill()
-                        process.wait()
-                    if process.poll() is not None:
-                        codes[run.name] = process.returncode
-                        write_atomic(out / "runs" / run.name / "exit_code", f"{process.returncode}\n")
-                        print(f"{run.name}: exit {process.returncode}", flush=True)
-                        del running[run]
-                        ended = time.monotonic()
-                # starting runs hold no GPU yet, finished ones may still hold theirs: wait until every GPU not taken
-                # by a running run is free
-                free = len(running) < len(gpus) and time.monotonic() - ended > HANDOVER_S
-                if queue and free and free_gpus() >= len(gpus) - len(running):
+    busy: dict[int, tuple[Run, subprocess.Popen, ExitStack, float]] = {}  # slot: run, process, its cluster, start
+    ended = dict.fromkeys(range(len(gpus)), -math.inf)
+    try:
+        while queue or busy:
+            for slot, (run, process, cluster, started) in list(busy.items()):
+                log = out / "runs" / run.name / "train.log"
+                if process.poll() is None and time.time() - max(log.stat().st_mtime, started) > stall_s:
+                    print(f"{run.name}: no output for {stall_s:.0f} s, stopped (log: {log})", flush=True)
+                    process.kill()
+                    process.wait()
+                if process.poll() is not None:
+                    codes[run.name] = process.returncode
+                    write_atomic(out / "runs" / run.name / "exit_code", f"{process.returncode}\n")
+                    print(f"{run.name}: exit {process.returncode}", flush=True)
+                    cluster.close()
+                    del busy[slot]
+                    ended[slot] = time.monotonic()
+            for slot, gpu in enumerate(gpus):
+                if queue and slot not in busy and time.monotonic() - ended[slot] > HANDOVER_S:
                     run = queue.pop(0)
                     folder = out / "runs" / run.name
                     folder.mkdir(parents=True, exist_ok=True)
-                    env = {**os.environ, "RAY_ADDRESS": address, "PYTHONUNBUFFERED": "1"}
-                    env["VERL_FILE_LOGGER_PATH"] = str(folder / "metrics.jsonl")
-                    env.pop("CUDA_VISIBLE_DEVICES", None)  # Ray gives each run's workers their GPU
-                    with open(folder / "train.log", "a") as log:
-                        running[run] = subprocess.Popen(
-                            list(map(str, command(run))), stdout=log, stderr=subprocess.STDOUT, env=env
-                        )
-                    started[run] = time.time()
-                    print(f"{run.name}: started (log: {folder / 'train.log'})", flush=True)
-                time.sleep(POLL_S)
-        finally:
-            for process in running.values():
-                process.kill()
+                    with ExitStack() as cluster:
+                        try:
+                            address = cluster.enter_context(ray_cluster(gpu, slot, folder / "ray.log"))
+                        except SystemExit as error:  # e.g. a port taken between choosing it and the head's start
+                            print(f"{run.name}: {error}; once more, on other ports", flush=True)
+                            address = cluster.enter_context(ray_cluster(gpu, slot, folder / "ray.log"))
+                        env = {**os.environ, "RAY_ADDRESS": address, "PYTHONUNBUFFERED": "1"}
+                        env["VERL_FILE_LOGGER_PATH"] = str(folder / "metrics.jsonl")
+                        env.pop("CUDA_VISIBLE_DEVICES", None)  # Ray gives the run's workers its cluster's GPU
+                        with open(folder / "train.log", "a") as log:
+                            process = subprocess.Popen(
+                                list(map(str, command(run))), stdout=log, stderr=subprocess.STDOUT, env=env
+                            )
+                        busy[slot] = (run, process, cluster.pop_all(), time.time())
+                    print(f"{run.name}: started on GPU {gpu} (log: {folder / 'train.log'})", flush=True)
+            time.sleep(POLL_S)
+    finally:
+        for _, process, cluster, _ in busy.values():
+            process.kill()
+            process.wait()
+            cluster.close()
     return codes
 
 
@@ -425,7 +439,7 @@ def check_run_args(args: argparse.Namespace) -> list[str]:
     bad = [g for g in gpus if not g.isdigit() or int(g) >= visible]
     if bad or len(set(gpus)) < len(gpus):
         raise SystemExit(f"error: --gpus={args.gpus}: pass distinct indices below {visible} (the visible GPUs)")
-    for problem in local_cluster_problems():  # the cluster :func:`ray_cluster` starts would number its jobs again
+    for problem in local_cluster_problems():  # its jobs' ids could equal those of :func:`ray_cluster`'s clusters
         raise SystemExit(f"error: {problem}")
     ids = os.environ.get("CUDA_VISIBLE_DEVICES")  # the Ray head is started with these: name them as this process does
     return [ids.split(",")[int(g)] for g in gpus] if ids else gpus
@@ -584,7 +598,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     gpus = check_run_args(args)
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS for the warm-up
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a kill stops the runs and the cluster too
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a kill stops the runs and their clusters too
     folder = warm_model(args)
     if args.warmup_only:
         print(f"warm-up only: {args.out / 'experiment.json'} records each round")

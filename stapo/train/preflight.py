@@ -30,6 +30,9 @@ TRACKER = "latest_checkpointed_iteration.txt"
 CLUSTER_TIMEOUT_S = 60
 CLUSTER_END_S = 10.0
 """Seconds a Ray cluster found on this machine is given to end before a local run is refused beside it."""
+TQ_CONTROLLER = ("TransferQueueController", "transfer_queue")
+"""Name and namespace of the Ray actor that controls a verl run's TransferQueue (``transfer_queue.init``, verl 0.9.1);
+it lives as long as the run."""
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 
 
@@ -150,8 +153,9 @@ def local_cluster_problems() -> list[str]:
         f"another Ray cluster runs on this machine (gcs_server, pid {clusters[0]}): a local run beside it would start "
         "a second one, whose first job id is again 01000000, so verl 0.9.1's weight-transfer socket "
         "(/tmp/rl-colocate-zmq-01000000-replica-0-rank-0.sock) would be shared and the runs would hang or load each "
-        "other's weights (or, if that cluster came from `ray start`, join it unasked); run both as jobs of one "
-        "cluster (RAY_ADDRESS=HEAD_IP:PORT for each run) or one after the other"
+        "other's weights (or, if that cluster came from `ray start`, join it unasked); nor can two runs be jobs of "
+        "one cluster, which share verl's TransferQueue: run them one after the other (`python -m "
+        "stapo.quickstart.experiment` runs several at once, each in a cluster of its own with distinct job ids)"
     ]
 
 
@@ -184,10 +188,15 @@ def local_gpus() -> int:
 
 def cluster_gpus(address: str, timeout: float = CLUSTER_TIMEOUT_S) -> float | str:
     """The GPUs of the Ray cluster at ``address``, asked from a separate process (so that this driver's own
-    ``ray.init`` later still applies the recipe's runtime environment); else why not, as one line."""
+    ``ray.init`` later still applies the recipe's runtime environment); else why not, as one line: no answer, or a
+    verl run already training there. verl 0.9.1 keeps a run's rollouts in TransferQueue, whose controller is a named
+    actor of the cluster (:data:`TQ_CONTROLLER`): a second run would share it, and each would take the other's
+    rollouts (docs/experiments.md section 7)."""
+    name, namespace = TQ_CONTROLLER
     code = (
-        "import ray, sys; ray.init(address=sys.argv[1], logging_level='ERROR', log_to_driver=False); "
-        "print(ray.cluster_resources().get('GPU', 0))"
+        "import ray, sys; ray.init(address=sys.argv[1], logging_level='ERROR', log_to_driver=False)\n"
+        f"try: ray.get_actor({name!r}, namespace={namespace!r}); print('busy')\n"
+        "except ValueError: print(ray.cluster_resources().get('GPU', 0))"
     )
     try:
         out = subprocess.run([sys.executable, "-c", code, address], capture_output=True, text=True, timeout=timeout)
@@ -196,9 +205,16 @@ def cluster_gpus(address: str, timeout: float = CLUSTER_TIMEOUT_S) -> float | st
             f"no Ray cluster answered within {timeout:g} s; start it (`ray start --head` on the head node, `ray start "
             "--address=HEAD_IP:6379` on the others) or unset RAY_ADDRESS for a local run"
         )
+    answer = (out.stdout.strip().splitlines() or [""])[-1]
+    if answer == "busy":
+        return (
+            "a verl run is training on this cluster (its TransferQueue controller is alive), and the jobs of one "
+            "cluster share it, each taking the other's rollouts: wait for that run to end, or run this one on a "
+            "cluster of other machines"
+        )
     try:
-        return float(out.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
+        return float(answer)
+    except ValueError:
         last = (out.stderr.strip().splitlines() or ["no output"])[-1][:300]
         return f"connecting to the Ray cluster failed ({last}); check the address, Ray's version and RAY_AUTH_MODE"
 
