@@ -145,10 +145,19 @@ def test_run_overrides_compose_and_validate(method, tmp_path):
     rollout = cfg.actor_rollout_ref.rollout
     assert not rollout.free_cache_engine and rollout.enable_prefix_caching  # verl clears the cache after each update
     assert rollout.log_prob_micro_batch_size_per_gpu == cfg.data.train_batch_size * rollout.n // 2
+    assert cfg.data.train_batch_size == 32 and cfg.actor_rollout_ref.actor.ppo_mini_batch_size == 8  # 4 mini-batches
+    assert cfg.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu == 8 * rollout.n  # one micro-batch each
+    assert rollout.engine_kwargs.vllm.kv_cache_memory_bytes == ex.KV_CACHE_BYTES and rollout.agent.num_workers == 4
     assert cfg.trainer.experiment_name == f"experiment_{method}-s7"
     assert cfg.trainer.default_local_dir == str(tmp_path / "runs" / f"{method}-s7" / "ckpt")
     assert stapo.tau_p == 0.002 and stapo.metrics  # the s2t/* metrics observe the same rule in every method
     assert stapo.mask == {"stapo": "s2t", "entropy20": "top_entropy"}.get(method, "none")
+    args = ex.build_parser().parse_args(["run", "--out", str(tmp_path), "--prompts", "64", "--save-freq", "0"])
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        cfg = compose(config_name=method, overrides=ex.run_overrides(run, tmp_path / "warmup", paths, args))
+    validate(cfg, environment=False)
+    assert (cfg.data.train_batch_size, cfg.actor_rollout_ref.actor.ppo_mini_batch_size) == (64, 16)
+    assert cfg.trainer.save_freq == -1  # no checkpoints
 
 
 def test_bad_options_stop_before_any_work(tmp_path, monkeypatch):
@@ -158,6 +167,9 @@ def test_bad_options_stop_before_any_work(tmp_path, monkeypatch):
         (["--methods", "ppo"], "error: --methods: unknown ppo"),
         (["--seeds", "1", "1"], "error: --methods and --seeds must not repeat"),
         (["--steps", "0"], "error: --steps=0: must be a positive integer"),
+        (["--runs-per-gpu", "0"], "error: --runs-per-gpu=0: must be a positive integer"),
+        (["--save-freq", "-1"], "error: --save-freq=-1: must be a non-negative integer"),
+        (["--prompts", "30"], "error: --prompts=30: must be a positive multiple of 4"),
         (["--tau-p", "0"], "error: --tau-p=0.0 is out of range"),
         (["--tokenizer", str(tmp_path)], f"error: --tokenizer={tmp_path}: no tokenizer_config.json"),
         ([], "error: the experiment trains with verl and needs CUDA GPUs"),
@@ -166,6 +178,18 @@ def test_bad_options_stop_before_any_work(tmp_path, monkeypatch):
             ex.main(["run", "--out", str(out), *options])
         assert str(stop.value).startswith(message), stop.value
     assert not out.exists()
+
+
+def test_runs_per_gpu_interleave_the_gpus(tmp_path, monkeypatch):
+    """``--runs-per-gpu 2`` over GPUs 0 and 1: four slots, the GPUs taken in turn (the runs start in that order, so
+    three runs use both GPUs), named as CUDA_VISIBLE_DEVICES names them (the Ray heads are started with them)."""
+    monkeypatch.setattr(ex.torch.cuda, "device_count", lambda: 2)  # stubbed: this machine has no GPU
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    args = ex.build_parser().parse_args(["run", "--out", str(tmp_path), "--gpus", "0,1", "--runs-per-gpu", "2"])
+    assert ex.check_run_args(args) == ["3", "5", "3", "5"]
+    args = ex.build_parser().parse_args(["run", "--out", str(tmp_path), "--gpus", "1,1"])
+    with pytest.raises(SystemExit, match="pass distinct indices"):  # two runs a GPU: --runs-per-gpu
+        ex.check_run_args(args)
 
 
 def test_overrides_reach_every_run_and_are_checked_first(tmp_path, monkeypatch):
@@ -211,10 +235,13 @@ def test_continuing_with_other_options_is_refused(tmp_path):
     with_override = ex.build_parser().parse_args(["run", "--out", str(tmp_path), "--", "trainer.balance_batch=False"])
     with pytest.raises(SystemExit, match="other overrides after '--'"):
         ex.warm_model(with_override)
-    old = {k: v for k, v in ex.recorded_options(args).items() if k != "overrides"}  # recorded before overrides existed
-    (tmp_path / "experiment.json").write_text(json.dumps(old))
+    old = {k: v for k, v in ex.recorded_options(args).items() if k not in ("overrides", "prompts")}  # recorded
+    (tmp_path / "experiment.json").write_text(json.dumps(old))  # before overrides and --prompts existed
     (tmp_path / "warmup").mkdir()
     (tmp_path / "warmup" / "config.json").write_text("{}")
+    with pytest.raises(SystemExit, match="other --prompts"):  # those runs had 64 prompts a step
+        ex.warm_model(args)
+    args.prompts = 64
     assert ex.warm_model(args) == tmp_path / "warmup"  # the same options: the model from before, no warm-up
 
 

@@ -46,7 +46,6 @@ import torch
 
 from stapo.config import methods
 from stapo.quickstart.run import (
-    PROMPTS,
     ROLLOUTS,
     add_model_options,
     check_model_args,
@@ -66,7 +65,7 @@ from stapo.train.preflight import local_cluster_problems
 
 RECORDED_OPTIONS = (
     *("seed", "train", "val", "hidden_size", "layers", "tokenizer", "warmup_steps", "batch_size", "lr"),
-    *("eval_problems", "samples", "warmup_target", "steps", "test_freq", "val_n", "tau_p", "q", "overrides"),
+    *("eval_problems", "samples", "warmup_target", "steps", "prompts", "test_freq", "val_n", "tau_p", "q", "overrides"),
 )
 """Options that define the warmed-up model and the runs: a continued experiment must be given the same ones (more
 methods and seeds may be added)."""
@@ -91,6 +90,10 @@ HANDOVER_S = 30.0
 """Seconds between the end of a run and the start of the next."""
 LAST = 10
 """Steps at the end (of the steps every run reached) over which the table averages the training metrics."""
+KV_CACHE_BYTES = 1 << 30
+"""vLLM's KV cache in each run: at 2 KiB a token (the tiny model's 2 layers x 4 KV heads of 64, bfloat16 keys and
+values) 1 GiB holds about 500,000 tokens, far more than the 256 sequences of at most 128 tokens that vLLM runs at a
+time, or one 32,768-token sequence (vLLM's ``max_model_len``)."""
 
 
 @dataclass(frozen=True)
@@ -113,28 +116,35 @@ def plan(method_names: Sequence[str], seeds: Sequence[int]) -> list[Run]:
 
 def run_overrides(run: Run, warm: Path, paths: dict[str, Path], args: argparse.Namespace) -> list[str]:
     """Hydra overrides of one run: the quickstart's run (:func:`stapo.quickstart.run.train_overrides`) with the run's
-    seed, ``--steps``, validation every ``--test-freq`` steps (``--val-n`` samples per problem), checkpoints every
-    ``--save-freq`` steps and the same S2T thresholds in every method (observed by the ``s2t/*`` metrics where not
-    applied).
+    seed, ``--steps``, ``--prompts`` prompts per step (x 8 responses, in four PPO mini-batches as in the paper),
+    validation every ``--test-freq`` steps (``--val-n`` samples per problem), checkpoints every ``--save-freq`` steps
+    (none for 0) and the same S2T thresholds in every method (observed by the ``s2t/*`` metrics where not applied).
 
-    Two settings shorten a step without changing the algorithm, since a run of this tiny model is bound by per-call
-    overheads, not by the GPU (docs/experiments.md section 6): vLLM keeps its weights and KV cache between steps
-    (``free_cache_engine=False``; verl still clears the prefix cache after each weight update), and the old and
-    reference log-probabilities are computed in two micro-batches instead of four."""
+    The other settings leave the algorithm alone. A run of this tiny model is bound by per-call overheads, not by the
+    GPU (docs/experiments.md section 6), so: vLLM keeps its weights and KV cache between steps
+    (``free_cache_engine=False``; verl still clears the prefix cache after each weight update), the old and reference
+    log-probabilities are computed in two micro-batches, and four agent-loop workers instead of eight send the
+    prompts to vLLM. vLLM is given its KV cache's size (:data:`KV_CACHE_BYTES`) instead of measuring the GPU's free
+    memory, which fails when another run on the same GPU frees memory meanwhile (``--runs-per-gpu``)."""
     out = args.out / "runs" / run.name
-    log_prob_batch = PROMPTS // 2 * ROLLOUTS
+    mini = args.prompts // 4
     changes = {
         "trainer.experiment_name": f"experiment_{run.name}",
         "data.seed": run.seed,
         "actor_rollout_ref.rollout.seed": run.seed,
+        "data.train_batch_size": args.prompts,
+        "actor_rollout_ref.actor.ppo_mini_batch_size": mini,
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": mini * ROLLOUTS,
         "trainer.test_freq": args.test_freq,
-        "trainer.save_freq": args.save_freq,
+        "trainer.save_freq": args.save_freq or -1,
         "trainer.max_actor_ckpt_to_keep": 2,
         "actor_rollout_ref.actor.checkpoint.save_contents": "[model,optimizer,extra]",
         "actor_rollout_ref.rollout.val_kwargs.n": args.val_n,
         "actor_rollout_ref.rollout.free_cache_engine": False,
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": log_prob_batch,
-        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": log_prob_batch,  # GRPO's KL reference
+        "actor_rollout_ref.rollout.agent.num_workers": 4,
+        "+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes": KV_CACHE_BYTES,
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": args.prompts // 2 * ROLLOUTS,
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": args.prompts // 2 * ROLLOUTS,  # GRPO's KL reference
         "stapo.tau_p": args.tau_p,
         "stapo.q": args.q,
         **dict(override.split("=", 1) for override in args.overrides),
@@ -144,18 +154,23 @@ def run_overrides(run: Run, warm: Path, paths: dict[str, Path], args: argparse.N
 
 @contextmanager
 def ray_cluster(gpu: str, slot: int, log: Path) -> Iterator[str]:
-    """A Ray cluster of one run's own on this machine, over the GPU ``gpu`` (a ``CUDA_VISIBLE_DEVICES`` entry); yields
-    its address, and stops it on exit. :func:`check_run_args` has made sure that no other cluster runs here.
+    """A Ray cluster of one run's own on this machine, over the GPU ``gpu`` (a ``CUDA_VISIBLE_DEVICES`` entry), in
+    which this process has been job ``slot + 1`` (:func:`ray_head`, then :func:`claim_job`); yields its address, and
+    stops it on exit."""
+    with ray_head(gpu, log) as (address, head):
+        claim_job(address, head, slot, log)
+        yield address
+
+
+@contextmanager
+def ray_head(gpu: str, log: Path) -> Iterator[tuple[str, subprocess.Popen]]:
+    """Starts the head of a Ray cluster of one run's own on this machine, over the GPU ``gpu``; yields its address and
+    process at once (the head takes seconds to accept drivers), and stops it on exit. :func:`check_run_args` has made
+    sure that no other cluster runs here.
 
     Why a cluster each: verl 0.9.1 keeps a run's rollouts in TransferQueue, whose controller is a named Ray actor
     (``TransferQueueController`` in the namespace ``transfer_queue``), so the jobs of one cluster share it and take each
-    other's rollouts (docs/experiments.md section 7). Why ``slot``: verl names the socket over which a run's trainer
-    hands its weights to vLLM after the Ray job id (``/tmp/rl-colocate-zmq-<job id>-replica-0-rank-0.sock``, verl PR
-    #6246), and a fresh cluster numbers its jobs from 1 in the order their drivers connect. This process connects
-    and leaves until it has been job ``slot + 1``; every run then connects alike (the preflight, then the trainer), so
-    the trainers on different GPUs get different job ids.
-    """
-    import ray
+    other's rollouts (docs/experiments.md section 7)."""
     from ray._common.utils import get_ray_address_file
     from ray._private.services import get_node_ip_address
 
@@ -169,25 +184,8 @@ def ray_cluster(gpu: str, slot: int, log: Path) -> Iterator[str]:
         head = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     address = f"{get_node_ip_address()}:{port}"
     try:
-        job, deadline = 0, time.monotonic() + 120
-        while job <= slot:
-            try:
-                ray.init(address=address, log_to_driver=False, logging_level="ERROR")
-            except ConnectionError:
-                if head.poll() is not None:
-                    raise SystemExit(f"error: the Ray head stopped (exit {head.returncode}); see {log}") from None
-                if time.monotonic() > deadline:
-                    raise SystemExit(f"error: no Ray cluster at {address} after 2 minutes; see {log}") from None
-                time.sleep(2)
-                continue
-            job = int.from_bytes(bytes.fromhex(ray.get_runtime_context().get_job_id()), "little")
-            ray.shutdown()
-        if job != slot + 1:  # another driver connected meanwhile: the run's job id could be another slot's
-            raise SystemExit(f"error: the Ray cluster at {address} numbered this process's job {job}, not {slot + 1}")
-        yield address
+        yield address, head
     finally:
-        if ray.is_initialized():
-            ray.shutdown()
         with suppress(ProcessLookupError):  # the head may have stopped on its own
             os.killpg(head.pid, signal.SIGTERM)  # `ray start --block` stops the cluster's processes
             try:
@@ -199,6 +197,36 @@ def ray_cluster(gpu: str, slot: int, log: Path) -> Iterator[str]:
         record = Path(get_ray_address_file(None))
         if record.is_file() and record.read_text().strip() == address:
             record.unlink()
+
+
+def claim_job(address: str, head: subprocess.Popen, slot: int, log: Path) -> None:
+    """Connects to the fresh cluster at ``address`` and leaves, until this process has been its job ``slot + 1``.
+
+    Why: verl names the socket over which a run's trainer hands its weights to vLLM after the Ray job id
+    (``/tmp/rl-colocate-zmq-<job id>-replica-0-rank-0.sock``, verl PR #6246), and a fresh cluster numbers its jobs from
+    1 in the order their drivers connect. Every run connects alike (the preflight, then the trainer), so the trainers
+    of runs in different slots get different job ids."""
+    import ray
+
+    job, deadline = 0, time.monotonic() + 120
+    try:
+        while job <= slot:
+            try:
+                ray.init(address=address, log_to_driver=False, logging_level="ERROR")
+            except ConnectionError:
+                if head.poll() is not None:
+                    raise SystemExit(f"error: the Ray head stopped (exit {head.returncode}); see {log}") from None
+                if time.monotonic() > deadline:
+                    raise SystemExit(f"error: no Ray cluster at {address} after 2 minutes; see {log}") from None
+                time.sleep(1)
+                continue
+            job = int.from_bytes(bytes.fromhex(ray.get_runtime_context().get_job_id()), "little")
+            ray.shutdown()
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+    if job != slot + 1:  # another driver connected meanwhile: the run's job id could be another slot's
+        raise SystemExit(f"error: the Ray cluster at {address} numbered this process's job {job}, not {slot + 1}")
 
 
 def free_ports(count: int) -> list[int]:
@@ -214,11 +242,11 @@ def launch(
     runs: Sequence[Run], command: Callable[[Run], list[str]], gpus: Sequence[str], out: Path, stall_s: float
 ) -> dict:
     """Run every unfinished run (``command(run)``, logs in ``out/runs/NAME``), each in a Ray cluster of its own
-    (:func:`ray_cluster`) over one of ``gpus``, one run per GPU at a time: a GPU takes the next run :data:`HANDOVER_S`
-    after its last run ended (that run's processes may still release GPU memory, which a starting vLLM engine
-    measures). A run whose log stays silent for ``stall_s`` seconds is stopped (a hung weight hand-over would hold its
-    GPU for good); if this process stops, so do the runs and their clusters. Returns each run's exit code (0 for runs
-    kept from before)."""
+    (:func:`ray_head`, :func:`claim_job`) over one of ``gpus``, one run per entry at a time (a GPU named twice takes
+    two runs at once): an entry takes the next run :data:`HANDOVER_S` after its last run ended (that run's processes
+    may still release GPU memory). A run whose log stays silent for ``stall_s`` seconds is stopped (a hung weight
+    hand-over would hold its GPU for good); if this process stops, so do the runs and their clusters. Returns each
+    run's exit code (0 for runs kept from before)."""
     codes, queue = {}, []
     for run in runs:
         done = out / "runs" / run.name / "exit_code"
@@ -244,25 +272,33 @@ def launch(
                     cluster.close()
                     del busy[slot]
                     ended[slot] = time.monotonic()
-            for slot, gpu in enumerate(gpus):
-                if queue and slot not in busy and time.monotonic() - ended[slot] > HANDOVER_S:
-                    run = queue.pop(0)
-                    folder = out / "runs" / run.name
-                    folder.mkdir(parents=True, exist_ok=True)
-                    with ExitStack() as cluster:
-                        try:
-                            address = cluster.enter_context(ray_cluster(gpu, slot, folder / "ray.log"))
-                        except SystemExit as error:  # e.g. a port taken between choosing it and the head's start
-                            print(f"{run.name}: {error}; once more, on other ports", flush=True)
-                            address = cluster.enter_context(ray_cluster(gpu, slot, folder / "ray.log"))
-                        env = {**os.environ, "RAY_ADDRESS": address, "PYTHONUNBUFFERED": "1"}
-                        env["VERL_FILE_LOGGER_PATH"] = str(folder / "metrics.jsonl")
-                        env.pop("CUDA_VISIBLE_DEVICES", None)  # Ray gives the run's workers its cluster's GPU
-                        with open(folder / "train.log", "a") as log:
-                            process = subprocess.Popen(
-                                list(map(str, command(run))), stdout=log, stderr=subprocess.STDOUT, env=env
-                            )
-                        busy[slot] = (run, process, cluster.pop_all(), time.time())
+            starting = []
+            with ExitStack() as pending:  # the clusters started here, until their runs have started
+                for slot, gpu in enumerate(gpus):  # every head at once: each takes seconds to accept drivers
+                    if queue and slot not in busy and time.monotonic() - ended[slot] > HANDOVER_S:
+                        run = queue.pop(0)
+                        folder = out / "runs" / run.name
+                        folder.mkdir(parents=True, exist_ok=True)
+                        cluster = pending.enter_context(ExitStack())
+                        starting.append(
+                            (slot, gpu, run, folder, cluster, cluster.enter_context(ray_head(gpu, folder / "ray.log")))
+                        )
+                for slot, gpu, run, folder, cluster, (address, head) in starting:
+                    try:
+                        claim_job(address, head, slot, folder / "ray.log")
+                    except SystemExit as error:  # e.g. a port taken between choosing it and the head's start
+                        print(f"{run.name}: {error}; once more, on other ports", flush=True)
+                        cluster.close()
+                        address, head = cluster.enter_context(ray_head(gpu, folder / "ray.log"))
+                        claim_job(address, head, slot, folder / "ray.log")
+                    env = {**os.environ, "RAY_ADDRESS": address, "PYTHONUNBUFFERED": "1"}
+                    env["VERL_FILE_LOGGER_PATH"] = str(folder / "metrics.jsonl")
+                    env.pop("CUDA_VISIBLE_DEVICES", None)  # Ray gives the run's workers its cluster's GPU
+                    with open(folder / "train.log", "a") as log:
+                        process = subprocess.Popen(
+                            list(map(str, command(run))), stdout=log, stderr=subprocess.STDOUT, env=env
+                        )
+                    busy[slot] = (run, process, cluster.pop_all(), time.time())
                     print(f"{run.name}: started on GPU {gpu} (log: {folder / 'train.log'})", flush=True)
             time.sleep(POLL_S)
     finally:
@@ -402,10 +438,19 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--methods", nargs="+", default=["justrl", "stapo", "grpo"], help="recipe methods (configs/)")
     run.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="RL seeds (prompt order, sampling)")
     run.add_argument("--steps", type=int, default=150, help="RL steps per run")
+    run.add_argument(
+        "--prompts",
+        type=int,
+        default=32,
+        help=f"prompts per step (x {ROLLOUTS} responses; a multiple of 4: four PPO mini-batches)",
+    )
     run.add_argument("--test-freq", type=int, default=25, help="validate every this many steps (and before)")
     run.add_argument("--val-n", type=int, default=4, help="validation samples per problem")
-    run.add_argument("--save-freq", type=int, default=50, help="checkpoint every this many steps")
+    run.add_argument("--save-freq", type=int, default=50, help="checkpoint every this many steps (0: never)")
     run.add_argument("--gpus", help="comma-separated GPU indices (default: every visible GPU)")
+    run.add_argument(
+        "--runs-per-gpu", type=int, default=1, help="runs at a time on each GPU (each with its Ray cluster and vLLM)"
+    )
     run.add_argument("--stall-minutes", type=float, default=15.0, help="stop a run whose log is silent this long")
     run.add_argument(
         "overrides", nargs="*", metavar="KEY=VALUE", help="Hydra overrides for every run, after '--' (as stapo.train's)"
@@ -424,9 +469,12 @@ def check_run_args(args: argparse.Namespace) -> list[str]:
         raise SystemExit(f"error: --methods: unknown {', '.join(unknown)}; choose from {', '.join(methods())}")
     if len(set(args.methods)) < len(args.methods) or len(set(args.seeds)) < len(args.seeds):
         raise SystemExit("error: --methods and --seeds must not repeat a value")
-    for name in ("steps", "test_freq", "val_n", "save_freq"):
-        if getattr(args, name) < 1:
-            raise SystemExit(f"error: --{name.replace('_', '-')}={getattr(args, name)}: must be a positive integer")
+    for name in ("steps", "test_freq", "val_n", "runs_per_gpu", "save_freq"):
+        if getattr(args, name) < (name != "save_freq"):
+            kind = "a positive" if name != "save_freq" else "a non-negative"
+            raise SystemExit(f"error: --{name.replace('_', '-')}={getattr(args, name)}: must be {kind} integer")
+    if args.prompts < 4 or args.prompts % 4:
+        raise SystemExit(f"error: --prompts={args.prompts}: must be a positive multiple of 4 (four PPO mini-batches)")
     if not args.stall_minutes > 0:
         raise SystemExit(f"error: --stall-minutes={args.stall_minutes}: must be positive")
     if not 0 <= args.warmup_target <= 1:
@@ -442,7 +490,7 @@ def check_run_args(args: argparse.Namespace) -> list[str]:
     for problem in local_cluster_problems():  # its jobs' ids could equal those of :func:`ray_cluster`'s clusters
         raise SystemExit(f"error: {problem}")
     ids = os.environ.get("CUDA_VISIBLE_DEVICES")  # the Ray head is started with these: name them as this process does
-    return [ids.split(",")[int(g)] for g in gpus] if ids else gpus
+    return [ids.split(",")[int(g)] if ids else g for _ in range(args.runs_per_gpu) for g in gpus]
 
 
 def check_overrides(args: argparse.Namespace) -> None:
@@ -533,6 +581,7 @@ def warm_model(args: argparse.Namespace, device: str = "cuda") -> Path:
     if record.is_file():
         before = json.loads(record.read_text())
         before.setdefault("overrides", "[]")  # recorded since the overrides after '--' exist
+        before.setdefault("prompts", "64")  # recorded since --prompts exists; the experiments before it used 64
         changed = ", ".join(
             "overrides after '--'" if k == "overrides" else f"--{k.replace('_', '-')}"
             for k, v in recorded_options(args).items()
