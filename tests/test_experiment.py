@@ -94,7 +94,8 @@ def test_a_second_run_beside_a_running_cluster_is_refused(tmp_path, monkeypatch)
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
         cfg = compose(config_name="justrl", overrides=["trainer.n_gpus_per_node=1"])
     assert preflight._gpu_problems(cfg) == []
-    with ex.ray_cluster("0", 0, tmp_path / "ray.log") as address:
+    with ex.ray_head("0", tmp_path / "ray.log") as (address, head):
+        ex.claim_job(address, head, 0, tmp_path / "ray.log")
         (line,) = preflight._gpu_problems(cfg)
         assert line.startswith("another Ray cluster runs on this machine (gcs_server, pid ")
         assert "/tmp/rl-colocate-zmq-01000000-replica-0-rank-0.sock" in line and "share verl's TransferQueue" in line

@@ -1,20 +1,21 @@
 """Multi-seed experiment on the quickstart's task: does S2T change training?
 
     python -m stapo.quickstart.experiment run --out DIR [--methods justrl stapo grpo] [--seeds 0 1 2] [--steps 150]
-        [--gpus 0,1,2] [--warmup-only] [quickstart options: --tokenizer DIR --tau-p 0.002 --val 200 ...]
-        [-- KEY=VALUE ...]
+        [--prompts 32] [--gpus 0,1,2,3] [--runs-per-gpu 3] [--save-freq 0] [--warmup-only]
+        [quickstart options: --tokenizer DIR --tau-p 0.002 --val 200 ...] [-- KEY=VALUE ...]
     python -m stapo.quickstart.experiment summary DIR [--plots DIR]
 
 ``run`` builds the task and a tiny Qwen3 and warms it up once (:func:`stapo.quickstart.run.prepare`, on this
 process's first visible GPU), then trains every (method, seed) from that one warmed-up model through the real
-trainer (``python -m stapo.train --config-name=METHOD``: verl V1, vLLM, FSDP), one run per GPU at a time, each in a
-Ray cluster of its own on its GPU (:func:`ray_cluster` says why, and how their job ids differ). A run's seed sets
-the order of the prompts (``data.seed``) and vLLM's sampling (``actor_rollout_ref.rollout.seed``); every run validates
-on the task's validation split every ``--test-freq`` steps, checkpoints every ``--save-freq`` steps, and logs verl's
-metrics with the recipe's ``stapo/*`` and ``s2t/*`` (the S2T rule observed at the old policy in every run, applied
-only by STAPO). Hydra overrides after ``--`` apply to every run (checked before any work). Each run writes
-``DIR/runs/METHOD-sSEED/{train.log,metrics.jsonl,exit_code}``. The same command again continues: finished runs are
-kept, the others resume from their latest checkpoint (verl's ``resume_mode: auto``).
+trainer (``python -m stapo.train --config-name=METHOD``: verl V1, vLLM, FSDP), ``--runs-per-gpu`` runs a GPU at a
+time, each in a Ray cluster of its own on its GPU (:func:`ray_head` and :func:`claim_job` say why, and how their job
+ids differ). A run's seed sets the order of the prompts (``data.seed``) and vLLM's sampling
+(``actor_rollout_ref.rollout.seed``); every run validates on the task's validation split every ``--test-freq`` steps,
+checkpoints every ``--save-freq`` steps (none for 0), and logs verl's metrics with the recipe's ``stapo/*`` and
+``s2t/*`` (the S2T rule observed at the old policy in every run, applied only by STAPO). Hydra overrides after ``--``
+apply to every run (checked before any work). Each run writes ``DIR/runs/METHOD-sSEED/{train.log,metrics.jsonl,
+exit_code}``. The same command again continues: finished runs are kept, the others resume from their latest
+checkpoint (verl's ``resume_mode: auto``).
 
 ``summary`` reads the runs' metrics and writes ``summary.md`` (per method, at the steps every run reached: mean ±
 standard deviation over seeds of the validation accuracy before and after training, the training reward, the actor
@@ -150,16 +151,6 @@ def run_overrides(run: Run, warm: Path, paths: dict[str, Path], args: argparse.N
         **dict(override.split("=", 1) for override in args.overrides),
     }
     return replace_overrides(train_overrides(run.method, warm, paths, args.steps, out, args.tau_p), changes)
-
-
-@contextmanager
-def ray_cluster(gpu: str, slot: int, log: Path) -> Iterator[str]:
-    """A Ray cluster of one run's own on this machine, over the GPU ``gpu`` (a ``CUDA_VISIBLE_DEVICES`` entry), in
-    which this process has been job ``slot + 1`` (:func:`ray_head`, then :func:`claim_job`); yields its address, and
-    stops it on exit."""
-    with ray_head(gpu, log) as (address, head):
-        claim_job(address, head, slot, log)
-        yield address
 
 
 @contextmanager
@@ -487,7 +478,7 @@ def check_run_args(args: argparse.Namespace) -> list[str]:
     bad = [g for g in gpus if not g.isdigit() or int(g) >= visible]
     if bad or len(set(gpus)) < len(gpus):
         raise SystemExit(f"error: --gpus={args.gpus}: pass distinct indices below {visible} (the visible GPUs)")
-    for problem in local_cluster_problems():  # its jobs' ids could equal those of :func:`ray_cluster`'s clusters
+    for problem in local_cluster_problems():  # its jobs' ids could equal those of :func:`ray_head`'s clusters
         raise SystemExit(f"error: {problem}")
     ids = os.environ.get("CUDA_VISIBLE_DEVICES")  # the Ray head is started with these: name them as this process does
     return [ids.split(",")[int(g)] if ids else g for _ in range(args.runs_per_gpu) for g in gpus]
