@@ -84,6 +84,29 @@ def test_launch_runs_each_run_in_a_cluster_of_its_own(tmp_path, monkeypatch):
     assert not Path(get_ray_address_file(None)).exists()  # else a later local ray.init() would look for it
 
 
+def test_a_run_whose_cluster_cannot_start_fails_alone(tmp_path, monkeypatch):
+    """A run whose cluster does not number this process's job as planned, twice (on fresh heads), is recorded as
+    failed; the run beside it trains on. The heads are real; the failure is forced in :func:`claim_job`."""
+    claim = ex.claim_job
+    tries = []
+
+    def claim_job(address, head, slot, log):
+        if slot == 1:
+            tries.append(address)
+            raise SystemExit("error: forced")
+        claim(address, head, slot, log)
+
+    monkeypatch.setattr(ex, "claim_job", claim_job)
+    script = tmp_path / "stub.py"
+    script.write_text(STUB)
+    runs = ex.plan(["justrl", "stapo"], [0])
+    codes = ex.launch(runs, lambda run: [sys.executable, str(script), "1", "0"], ["0", "1"], tmp_path, stall_s=60)
+    assert codes == {"justrl-s0": 0, "stapo-s0": 1} and len(set(tries)) == 2  # once more on another head
+    assert (tmp_path / "runs" / "stapo-s0" / "exit_code").read_text() == "1\n"
+    assert "job 02000000" in (tmp_path / "runs" / "justrl-s0" / "train.log").read_text()
+    assert preflight.local_ray_clusters() == [], "a run's Ray cluster was left running"
+
+
 def test_a_second_run_beside_a_running_cluster_is_refused(tmp_path, monkeypatch):
     """Two local clusters on one machine share verl's weight-transfer socket, and two jobs of one cluster share
     verl's TransferQueue: the preflight refuses a local run beside a cluster, and a run given RAY_ADDRESS where a

@@ -15,7 +15,7 @@ checkpoints every ``--save-freq`` steps (none for 0), and logs verl's metrics wi
 ``s2t/*`` (the S2T rule observed at the old policy in every run, applied only by STAPO). Hydra overrides after ``--``
 apply to every run (checked before any work). Each run writes ``DIR/runs/METHOD-sSEED/{train.log,metrics.jsonl,
 exit_code}``. The same command again continues: finished runs are kept, the others resume from their latest
-checkpoint (verl's ``resume_mode: auto``).
+checkpoint (verl's ``resume_mode: auto``; from step 0 with ``--save-freq 0``).
 
 ``summary`` reads the runs' metrics and writes ``summary.md`` (per method, at the steps every run reached: mean ±
 standard deviation over seeds of the validation accuracy before and after training, the training reward, the actor
@@ -157,7 +157,7 @@ def run_overrides(run: Run, warm: Path, paths: dict[str, Path], args: argparse.N
 def ray_head(gpu: str, log: Path) -> Iterator[tuple[str, subprocess.Popen]]:
     """Starts the head of a Ray cluster of one run's own on this machine, over the GPU ``gpu``; yields its address and
     process at once (the head takes seconds to accept drivers), and stops it on exit. :func:`check_run_args` has made
-    sure that no other cluster runs here.
+    sure that no cluster but the experiment's own runs here.
 
     Why a cluster each: verl 0.9.1 keeps a run's rollouts in TransferQueue, whose controller is a named Ray actor
     (``TransferQueueController`` in the namespace ``transfer_queue``), so the jobs of one cluster share it and take each
@@ -177,12 +177,11 @@ def ray_head(gpu: str, log: Path) -> Iterator[tuple[str, subprocess.Popen]]:
     try:
         yield address, head
     finally:
-        with suppress(ProcessLookupError):  # the head may have stopped on its own
-            os.killpg(head.pid, signal.SIGTERM)  # `ray start --block` stops the cluster's processes
-            try:
-                head.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(head.pid, signal.SIGKILL)
+        head.terminate()  # `ray start --block` stops the cluster's processes in order (signalling its whole process
+        with suppress(subprocess.TimeoutExpired):  # group instead leaves them waiting 30 s for the stopped GCS)
+            head.wait(timeout=60)
+        with suppress(ProcessLookupError):  # whatever is left of the cluster
+            os.killpg(head.pid, signal.SIGKILL)
         # `ray start` named this cluster in Ray's record of the machine's latest one, where every later local
         # ray.init() (a plain training run) would look for it; `ray stop` would clear it, but stops every cluster
         record = Path(get_ray_address_file(None))
@@ -195,8 +194,8 @@ def claim_job(address: str, head: subprocess.Popen, slot: int, log: Path) -> Non
 
     Why: verl names the socket over which a run's trainer hands its weights to vLLM after the Ray job id
     (``/tmp/rl-colocate-zmq-<job id>-replica-0-rank-0.sock``, verl PR #6246), and a fresh cluster numbers its jobs from
-    1 in the order their drivers connect. Every run connects alike (the preflight, then the trainer), so the trainers
-    of runs in different slots get different job ids."""
+    1 in the order their drivers connect. Every run connects alike, once in the preflight (``cluster_gpus``) and then
+    as the trainer, so the trainers of runs in different slots get different job ids."""
     import ray
 
     job, deadline = 0, time.monotonic() + 120
@@ -281,7 +280,15 @@ def launch(
                         print(f"{run.name}: {error}; once more, on other ports", flush=True)
                         cluster.close()
                         address, head = cluster.enter_context(ray_head(gpu, folder / "ray.log"))
-                        claim_job(address, head, slot, folder / "ray.log")
+                        try:
+                            claim_job(address, head, slot, folder / "ray.log")
+                        except SystemExit as again:  # this run fails; the others go on
+                            print(f"{run.name}: {again}; not started, exit 1", flush=True)
+                            cluster.close()
+                            codes[run.name] = 1
+                            write_atomic(folder / "exit_code", "1\n")
+                            ended[slot] = time.monotonic()
+                            continue
                     env = {**os.environ, "RAY_ADDRESS": address, "PYTHONUNBUFFERED": "1"}
                     env["VERL_FILE_LOGGER_PATH"] = str(folder / "metrics.jsonl")
                     env.pop("CUDA_VISIBLE_DEVICES", None)  # Ray gives the run's workers its cluster's GPU
@@ -460,10 +467,11 @@ def check_run_args(args: argparse.Namespace) -> list[str]:
         raise SystemExit(f"error: --methods: unknown {', '.join(unknown)}; choose from {', '.join(methods())}")
     if len(set(args.methods)) < len(args.methods) or len(set(args.seeds)) < len(args.seeds):
         raise SystemExit("error: --methods and --seeds must not repeat a value")
-    for name in ("steps", "test_freq", "val_n", "runs_per_gpu", "save_freq"):
-        if getattr(args, name) < (name != "save_freq"):
-            kind = "a positive" if name != "save_freq" else "a non-negative"
-            raise SystemExit(f"error: --{name.replace('_', '-')}={getattr(args, name)}: must be {kind} integer")
+    for name in ("steps", "test_freq", "val_n", "runs_per_gpu"):
+        if getattr(args, name) < 1:
+            raise SystemExit(f"error: --{name.replace('_', '-')}={getattr(args, name)}: must be a positive integer")
+    if args.save_freq < 0:
+        raise SystemExit(f"error: --save-freq={args.save_freq}: must be a non-negative integer (0: no checkpoints)")
     if args.prompts < 4 or args.prompts % 4:
         raise SystemExit(f"error: --prompts={args.prompts}: must be a positive multiple of 4 (four PPO mini-batches)")
     if not args.stall_minutes > 0:
