@@ -128,7 +128,7 @@ def run_overrides(run: Run, warm: Path, paths: dict[str, Path], args: argparse.N
     prompts to vLLM. vLLM is given its KV cache's size (:data:`KV_CACHE_BYTES`) instead of measuring the GPU's free
     memory, which fails when another run on the same GPU frees memory meanwhile (``--runs-per-gpu``)."""
     out = args.out / "runs" / run.name
-    mini = args.prompts // 4
+    mini, log_prob_batch = args.prompts // 4, args.prompts // 2 * ROLLOUTS
     changes = {
         "trainer.experiment_name": f"experiment_{run.name}",
         "data.seed": run.seed,
@@ -144,8 +144,8 @@ def run_overrides(run: Run, warm: Path, paths: dict[str, Path], args: argparse.N
         "actor_rollout_ref.rollout.free_cache_engine": False,
         "actor_rollout_ref.rollout.agent.num_workers": 4,
         "+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes": KV_CACHE_BYTES,
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": args.prompts // 2 * ROLLOUTS,
-        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": args.prompts // 2 * ROLLOUTS,  # GRPO's KL reference
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": log_prob_batch,
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": log_prob_batch,  # GRPO's KL reference
         "stapo.tau_p": args.tau_p,
         "stapo.q": args.q,
         **dict(override.split("=", 1) for override in args.overrides),
@@ -219,6 +219,25 @@ def claim_job(address: str, head: subprocess.Popen, slot: int, log: Path) -> Non
         raise SystemExit(f"error: the Ray cluster at {address} numbered this process's job {job}, not {slot + 1}")
 
 
+def claimed(
+    cluster: ExitStack, head: tuple[str, subprocess.Popen], gpu: str, slot: int, log: Path, name: str
+) -> str | None:
+    """The address of the cluster ``head`` (entered in ``cluster``) once :func:`claim_job` succeeded there, or on a
+    fresh head on other ports when it did not (a port may be taken between choosing it and the head's start); ``None``
+    if that failed too (``cluster`` closed)."""
+    address, process = head
+    for attempt in (1, 2):
+        try:
+            claim_job(address, process, slot, log)
+            return address
+        except SystemExit as error:
+            cluster.close()
+            print(f"{name}: {error}; {'once more, on other ports' if attempt == 1 else 'not started'}", flush=True)
+            if attempt == 1:
+                address, process = cluster.enter_context(ray_head(gpu, log))
+    return None
+
+
 def free_ports(count: int) -> list[int]:
     """``count`` distinct TCP ports that are free now (the OS picks them)."""
     with ExitStack() as stack:
@@ -247,6 +266,14 @@ def launch(
             queue.append(run)
     busy: dict[int, tuple[Run, subprocess.Popen, ExitStack, float]] = {}  # slot: run, process, its cluster, start
     ended = dict.fromkeys(range(len(gpus)), -math.inf)
+
+    def end(slot: int, run: Run, code: int, cluster: ExitStack) -> None:
+        codes[run.name] = code
+        write_atomic(out / "runs" / run.name / "exit_code", f"{code}\n")
+        print(f"{run.name}: exit {code}", flush=True)
+        cluster.close()
+        ended[slot] = time.monotonic()
+
     try:
         while queue or busy:
             for slot, (run, process, cluster, started) in list(busy.items()):
@@ -256,12 +283,8 @@ def launch(
                     process.kill()
                     process.wait()
                 if process.poll() is not None:
-                    codes[run.name] = process.returncode
-                    write_atomic(out / "runs" / run.name / "exit_code", f"{process.returncode}\n")
-                    print(f"{run.name}: exit {process.returncode}", flush=True)
-                    cluster.close()
+                    end(slot, run, process.returncode, cluster)
                     del busy[slot]
-                    ended[slot] = time.monotonic()
             starting = []
             with ExitStack() as pending:  # the clusters started here, until their runs have started
                 for slot, gpu in enumerate(gpus):  # every head at once: each takes seconds to accept drivers
@@ -273,22 +296,11 @@ def launch(
                         starting.append(
                             (slot, gpu, run, folder, cluster, cluster.enter_context(ray_head(gpu, folder / "ray.log")))
                         )
-                for slot, gpu, run, folder, cluster, (address, head) in starting:
-                    try:
-                        claim_job(address, head, slot, folder / "ray.log")
-                    except SystemExit as error:  # e.g. a port taken between choosing it and the head's start
-                        print(f"{run.name}: {error}; once more, on other ports", flush=True)
-                        cluster.close()
-                        address, head = cluster.enter_context(ray_head(gpu, folder / "ray.log"))
-                        try:
-                            claim_job(address, head, slot, folder / "ray.log")
-                        except SystemExit as again:  # this run fails; the others go on
-                            print(f"{run.name}: {again}; not started, exit 1", flush=True)
-                            cluster.close()
-                            codes[run.name] = 1
-                            write_atomic(folder / "exit_code", "1\n")
-                            ended[slot] = time.monotonic()
-                            continue
+                for slot, gpu, run, folder, cluster, head in starting:
+                    address = claimed(cluster, head, gpu, slot, folder / "ray.log", run.name)
+                    if address is None:  # this run fails; the others go on
+                        end(slot, run, 1, cluster)
+                        continue
                     env = {**os.environ, "RAY_ADDRESS": address, "PYTHONUNBUFFERED": "1"}
                     env["VERL_FILE_LOGGER_PATH"] = str(folder / "metrics.jsonl")
                     env.pop("CUDA_VISIBLE_DEVICES", None)  # Ray gives the run's workers its cluster's GPU
