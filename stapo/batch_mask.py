@@ -19,7 +19,15 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from stapo.s2t import DEFAULTS, check_ratio, check_s2t_params, entropy_quantile, top_k_threshold
+from stapo.s2t import (
+    DEFAULTS,
+    ablation_choice,
+    check_ratio,
+    check_s2t_params,
+    distinct_silenced,
+    entropy_quantile,
+    top_k_threshold,
+)
 
 __all__ = ["mask_for_update", "grad_bound_sums"]
 
@@ -37,6 +45,8 @@ def mask_for_update(
     tau_p: float = DEFAULTS.tau_p,
     q: float = DEFAULTS.q,
     top_entropy_ratio: float = DEFAULTS.top_entropy_ratio,
+    silence: str = DEFAULTS.silence,
+    seed: int = 0,
 ) -> tuple[torch.Tensor, dict]:
     """Which tokens of a batch to silence, one threshold per group of rows (one PPO mini-batch each).
 
@@ -45,11 +55,14 @@ def mask_for_update(
         log_probs, entropy, advantages, response_mask: padded ``(batch, response_len)`` or jagged nested tensors,
             all in the same layout (``log_probs``/``advantages`` are not read by ``top_entropy``).
         groups: row-index tensors that partition the batch, one per mini-batch; ``None`` = one group of all rows.
+        silence, seed: ``s2t`` only: STAPO (``low_entropy``) or an ablation, as :func:`stapo.s2t.s2t_mask` applied
+            to each group's rows in batch order, group g with ``seed + g``.
 
     Returns:
         ``silenced``: a bool tensor shaped like ``response_mask`` (padded) or like its ``values()`` (nested), and the
         stats of the single-mask functions summed over the groups (``entropy_threshold``: the mean of the groups'
-        finite thresholds; NaN if none).
+        finite thresholds; NaN if none); for ``s2t`` also ``pool_candidates`` and ``pool_masked``, the lists of
+        candidates and silenced tokens per group.
     """
     if method not in ("s2t", "top_entropy"):
         raise ValueError(f"unknown mask method {method!r}: expected 's2t' or 'top_entropy'")
@@ -60,7 +73,7 @@ def mask_for_update(
     n_groups = max(len(groups or []), 1)
     if method == "s2t":
         check_s2t_params(tau_p, q)
-        index, stats = rows.s2t(row_group, n_groups, tau_p, q)
+        index, stats = rows.s2t(row_group, n_groups, tau_p, q, silence, seed)
     else:
         check_ratio(top_entropy_ratio)
         index, stats = rows.top_entropy(row_group, n_groups, top_entropy_ratio)
@@ -167,15 +180,22 @@ class _Rows:
             for part in self._flags(np.less, self.entropy, thresholds[g], reduce, start, stop)
         ]
 
-    def s2t(self, row_group, n_groups, tau_p, q) -> tuple[np.ndarray, dict]:
-        """Flat indices of the spurious tokens and the summed stats."""
+    def s2t(self, row_group, n_groups, tau_p, q, silence, seed) -> tuple[np.ndarray, dict]:
+        """Flat indices of the spurious tokens (or of an ablation's choice) and the summed stats."""
         low_prob = np.concatenate(self._flags(np.less, self.log_probs, math.log(tau_p), _indices) or [_NONE])
         pos_adv = sum(self._flags(np.greater, self.advantages, 0.0, _count))
         candidates = low_prob[self.advantages[low_prob] > 0]  # few: the rest works on index arrays
         cand_group = row_group[np.searchsorted(self.offsets, candidates, side="right") - 1]
         cand_entropy = self.entropy[candidates]
-        thresholds = [entropy_quantile(torch.from_numpy(cand_entropy[cand_group == g]), q) for g in range(n_groups)]
-        spurious = candidates[cand_entropy < np.array(thresholds, dtype=np.float32)[cand_group]]
+        pools = [torch.from_numpy(cand_entropy[cand_group == g]) for g in range(n_groups)]
+        thresholds = [entropy_quantile(pool, q) for pool in pools]
+        below = cand_entropy < np.array(thresholds, dtype=np.float32)[cand_group]
+        if silence != "low_entropy":  # as many per group, chosen by the ablation
+            counts, below = np.bincount(cand_group[below], minlength=n_groups), np.zeros_like(below)
+            for g, pool in enumerate(pools):
+                members = np.flatnonzero(cand_group == g)
+                below[members[ablation_choice(pool, int(counts[g]), silence, seed + g).numpy()]] = True
+        spurious = candidates[below]
         stats = {
             "tokens": self._tokens(),
             "candidates": int(candidates.size),
@@ -183,7 +203,10 @@ class _Rows:
             "pos_adv": pos_adv,
             "low_prob": int(low_prob.size),
             "low_entropy": sum(self._below(row_group, thresholds, _count)),
+            "expected_masked": sum(distinct_silenced(int((~torch.isnan(pool)).sum()), q) for pool in pools),
             "entropy_threshold": _mean_finite(thresholds),
+            "pool_candidates": [pool.numel() for pool in pools],
+            "pool_masked": np.bincount(cand_group[below], minlength=n_groups).tolist(),
         }
         return spurious, stats
 

@@ -83,6 +83,13 @@ class StapoConfig:
             "(paper v4: 0.75)"
         },
     )
+    silence: Literal["low_entropy", "high_entropy", "random"] = field(
+        default="low_entropy",
+        metadata={
+            "help": "which candidates S2T silences: low_entropy (STAPO); high_entropy or random: as many of them, the "
+            "highest-entropy ones or a random draw (the paper's masking-strategy ablation, v4 section 7.1)"
+        },
+    )
     policy_source: Literal["old", "current"] = field(
         default="old",
         metadata={
@@ -131,6 +138,11 @@ class StapoConfig:
             value = getattr(self, key)
             if math.isnan(value) or not ok(value):
                 raise StapoConfigError(f"stapo.{key}={value!r} is out of range; {allowed}")
+        if self.silence != "low_entropy" and (self.mask != "s2t" or self.policy_source != "old"):
+            raise StapoConfigError(
+                f"stapo.silence={self.silence} is an ablation of the S2T mask built on the driver: it needs "
+                "stapo.mask=s2t and stapo.policy_source=old"
+            )
         if self.policy_source == "current" and self.quantile_scope == "batch":
             raise StapoConfigError(
                 "stapo.quantile_scope=batch needs stapo.policy_source=old: with policy_source=current the mask is "

@@ -34,6 +34,8 @@ DEFAULTS = StapoConfig()
 
 __all__ = [
     "entropy_quantile",
+    "distinct_silenced",
+    "ablation_choice",
     "top_k_threshold",
     "s2t_mask",
     "top_entropy_mask",
@@ -56,6 +58,31 @@ def entropy_quantile(values: torch.Tensor, q: float) -> float:
     lo = math.floor(pos)
     hi = min(lo + 1, v.numel() - 1)
     return float(v[lo] + (pos - lo) * (v[hi] - v[lo]))
+
+
+def distinct_silenced(k: int, q: float) -> int:
+    """How many of ``k`` candidates the S2T rule silences when their entropies are distinct: ⌈q(k − 1)⌉ (0 without
+    candidates). τ_h^(q) lies at position q(k − 1) of the sorted entropies (linear interpolation), and the strict
+    ``H < τ_h`` silences the entropies below that position; ties at τ_h silence fewer, which is how low-precision
+    entropies show in a run (``s2t/expected_share``)."""
+    return math.ceil(q * (k - 1)) if k > 0 else 0
+
+
+def ablation_choice(pool: torch.Tensor, count: int, silence: str, seed: int = 0) -> torch.Tensor:
+    """Positions in ``pool`` (the candidates' entropies, in token order) of the ``count`` candidates that a
+    masking-strategy ablation silences instead of STAPO's low-entropy ones (STAPO v4 §7.1, "high-entropy masking"
+    and "random masking" of the positive-advantage, low-probability tokens): ``high_entropy`` the ``count`` highest
+    entropies (ties by position), ``random`` ``count`` drawn without replacement by ``torch.randperm`` seeded with
+    ``seed``. Candidates with a NaN entropy are never chosen, as in STAPO."""
+    finite = (~torch.isnan(pool)).nonzero().reshape(-1)
+    count = min(count, finite.numel())
+    if silence == "high_entropy":
+        order = torch.sort(pool[finite].double(), descending=True, stable=True).indices
+    elif silence == "random":
+        order = torch.randperm(finite.numel(), generator=torch.Generator().manual_seed(seed))
+    else:
+        raise ValueError(f"unknown ablation {silence!r}: expected 'high_entropy' or 'random'")
+    return finite[order[:count].to(finite.device)]
 
 
 def top_k_threshold(values: torch.Tensor, ratio: float) -> float:
@@ -88,8 +115,11 @@ def s2t_mask(
     q: float = DEFAULTS.q,
     *,
     quantile_fn: Callable[[torch.Tensor, float], float] = entropy_quantile,
+    silence: str = DEFAULTS.silence,
+    seed: int = 0,
 ) -> tuple[torch.Tensor, dict]:
-    """The S2T mask of one mini-batch (STAPO eq. I^S2T, Algorithm 1).
+    """The S2T mask of one mini-batch (STAPO eq. I^S2T, Algorithm 1), or one of the paper's masking-strategy
+    ablations (v4 §7.1).
 
     Args:
         log_probs: log π of the sampled tokens.
@@ -100,11 +130,14 @@ def s2t_mask(
         q: entropy quantile in [0, 1]; τ_h is the q-quantile of the candidates' entropies.
         quantile_fn: ``(candidate entropies, q) -> τ_h``; a caller whose mini-batch is spread over processes
             passes one that gathers the candidates first.
+        silence: ``low_entropy`` (STAPO); ``high_entropy`` or ``random`` silence as many candidates as STAPO would,
+            chosen by :func:`ablation_choice` (``seed`` for ``random``).
 
     Returns:
         ``keep``: ``response_mask`` with the spurious tokens set to 0 (same shape, dtype and device), and ``stats``:
         ints ``tokens``, ``candidates``, ``masked``, ``pos_adv``, ``low_prob``, ``low_entropy`` (response tokens with
-        H < τ_h) and the float ``entropy_threshold`` (τ_h).
+        H < τ_h), ``expected_masked`` (what the rule silences with distinct entropies, :func:`distinct_silenced` of
+        the candidates with a finite entropy) and the float ``entropy_threshold`` (τ_h).
     """
     check_s2t_params(tau_p, q)
     valid = response_mask != 0
@@ -112,9 +145,14 @@ def s2t_mask(
     pos_adv = valid & (advantages > 0)
     low_prob = valid & (log_probs.float() < math.log(tau_p))
     candidates = pos_adv & low_prob
-    tau_h = quantile_fn(entropy[candidates], q)
+    pool = entropy[candidates]
+    tau_h = quantile_fn(pool, q)
     low_entropy = valid & (entropy < tau_h)  # NaN τ_h or H: False
     spurious = candidates & low_entropy
+    if silence != "low_entropy":  # as many candidates, chosen otherwise
+        chosen = ablation_choice(pool, int(spurious.sum()), silence, seed)
+        spurious = torch.zeros_like(candidates)
+        spurious[tuple(w[chosen] for w in candidates.nonzero(as_tuple=True))] = True
     stats = {
         "tokens": int(valid.sum()),
         "candidates": int(candidates.sum()),
@@ -122,6 +160,7 @@ def s2t_mask(
         "pos_adv": int(pos_adv.sum()),
         "low_prob": int(low_prob.sum()),
         "low_entropy": int(low_entropy.sum()),
+        "expected_masked": distinct_silenced(int((~torch.isnan(pool)).sum()), q),
         "entropy_threshold": tau_h,
     }
     return response_mask.masked_fill(spurious, 0), stats

@@ -28,20 +28,24 @@ def random_batch(seed, rows=12, width=9, dtype=torch.float32):
 GROUPS = [torch.tensor([0, 5, 3, 2]), torch.tensor([1, 4]), torch.tensor([6, 7, 8, 9, 10, 11])]
 
 
-def reference(method, tensors, groups, tau_p, q, ratio):
-    """The reference, one call per group: the silenced tokens, summed stats, the groups' thresholds and the
-    gradient-bound sums."""
+def reference(method, tensors, groups, tau_p, q, ratio, silence="low_entropy"):
+    """The reference, one call per group: the silenced tokens, summed stats (S2T: with the per-group lists of
+    candidates and silenced tokens), the groups' thresholds and the gradient-bound sums."""
     log_probs, entropy, advantages, mask = tensors
     silenced = torch.zeros_like(mask, dtype=torch.bool)
     totals, thresholds = {}, []
-    for rows in groups:
+    for g, rows in enumerate(groups):
+        rows = rows.sort().values  # the engine's pool order: the batch's (matters to the ablations only)
         if method == "s2t":
-            keep, stats = s2t_mask(log_probs[rows], entropy[rows], advantages[rows], mask[rows], tau_p, q)
+            args = (log_probs[rows], entropy[rows], advantages[rows], mask[rows], tau_p, q)
+            keep, stats = s2t_mask(*args, silence=silence, seed=7 + g)
         else:
             keep, stats = top_entropy_mask(entropy[rows], mask[rows], ratio)
         silenced[rows] = (mask[rows] != 0) & (keep == 0)
         thresholds.append(stats.pop("entropy_threshold"))
-        totals = {k: totals.get(k, 0) + v for k, v in stats.items()}
+        if method == "s2t":
+            stats.update(pool_candidates=[stats["candidates"]], pool_masked=[stats["masked"]])
+        totals = {k: totals.get(k, [] if k.startswith("pool_") else 0) + v for k, v in stats.items()}
     bound = grad_norm_lower_bound(log_probs, entropy, advantages).double() * (mask != 0)
     candidates = (mask != 0) & (advantages > 0) & (log_probs.float() < math.log(tau_p))
     sums = {k: float(bound[m].nansum()) for k, m in (("silenced", silenced), ("candidates", candidates))}
@@ -78,6 +82,32 @@ def test_engine_equals_the_reference_per_group(seed, method, dtype):
                 assert bounds[f"bound_{key}"] == pytest.approx(value, rel=1e-5, abs=1e-9), (layout, key)
 
 
+@pytest.mark.parametrize("silence", ["high_entropy", "random"])
+@pytest.mark.parametrize("seed", range(10))
+def test_the_ablations_equal_the_reference_per_group(seed, silence):
+    """STAPO's masking-strategy ablations: per group as many silenced as S2T, the highest-entropy candidates or a
+    random draw, the same as the reference's on each group (seeded 7 + g)."""
+    tensors, _ = random_batch(seed)
+    groups = GROUPS if seed % 3 else None
+    expected, totals, _, _ = reference("s2t", tensors, groups or [torch.arange(12)], 0.002, 0.75, 1.0, silence)
+    low, _, _, _ = reference("s2t", tensors, groups or [torch.arange(12)], 0.002, 0.75, 1.0)
+    got, stats = mask_for_update("s2t", *tensors, groups, silence=silence, seed=7)
+    assert torch.equal(got, expected) and stats["pool_masked"] == totals["pool_masked"]
+    assert stats["masked"] == int(low.sum()) and stats["candidates"] == totals["candidates"]
+    if silence == "high_entropy" and stats["masked"]:  # every chosen entropy >= every unchosen candidate's
+        log_probs, entropy, advantages, mask = tensors
+        candidates = (mask != 0) & (advantages > 0) & (log_probs < math.log(0.002)) & ~torch.isnan(entropy)
+        if groups is None and (candidates & ~got).any():
+            assert entropy[got].min() >= entropy[candidates & ~got].max()
+
+
+def test_random_ablation_draws_differ_by_seed_and_repeat_with_it():
+    tensors, _ = random_batch(3)
+    draws = [mask_for_update("s2t", *tensors, None, silence="random", seed=s)[0] for s in (0, 0, 1, 2)]
+    assert torch.equal(draws[0], draws[1]) and not all(torch.equal(draws[0], d) for d in draws[2:])
+    assert len({int(d.sum()) for d in draws}) == 1
+
+
 def test_a_group_without_candidates_has_no_threshold_and_silences_nothing():
     tensors, _ = random_batch(0)
     silenced, stats = mask_for_update("s2t", *(x[6:] for x in tensors), None, tau_p=0.002, q=0.75)  # Â <= 0 only
@@ -93,7 +123,9 @@ def test_one_quantile_per_group_not_per_batch():
     silenced, stats = mask_for_update(*args, [torch.tensor([0]), torch.tensor([1])])
     assert (~silenced).long().tolist() == [[0, 0, 0, 1, 1], [0, 0, 0, 1, 1]]
     assert stats["masked"] == 6 and stats["entropy_threshold"] == pytest.approx(0.9)
+    assert stats["pool_candidates"] == [5, 5] and stats["pool_masked"] == [3, 3] and stats["expected_masked"] == 6
     silenced, stats = mask_for_update(*args, None)
     assert (~silenced).long().tolist() == [[0, 0, 0, 0, 0], [0, 0, 1, 1, 1]]
+    assert stats["masked"] == stats["expected_masked"] == 7 == math.ceil(0.75 * 9)  # distinct entropies
     with pytest.raises(ValueError, match="unknown mask method"):
         mask_for_update("random", *args[1:], None)

@@ -16,6 +16,8 @@ from stapo.train import attention, preflight
 from stapo.train.main import ConfigError, usage, validate
 
 MASKS = {"stapo": "s2t", "justrl": "none", "grpo": "none", "entropy20": "top_entropy"}
+ABLATIONS = {"stapo_random": "random", "stapo_high_entropy": "high_entropy"}
+"""The masking-strategy ablations: STAPO's config with another choice of the silenced candidates."""
 MODELS = {"qwen3_1.7b": "Qwen/Qwen3-1.7B-Base", "qwen3_8b": "Qwen/Qwen3-8B-Base", "qwen3_14b": "Qwen/Qwen3-14B-Base"}
 
 
@@ -25,7 +27,7 @@ def load(name="stapo", *overrides):
 
 
 def test_methods_and_sizes_come_from_the_config_folder():
-    assert methods() == tuple(sorted(MASKS)) and sizes() == tuple(MODELS)
+    assert methods() == tuple(sorted([*MASKS, *ABLATIONS])) and sizes() == tuple(MODELS)
     assert [title(m) for m in ("grpo", "entropy20", "justrl", "stapo")] == ["GRPO", "20-Entropy", "JustRL", "STAPO"]
     assert [title(s) for s in sizes()] == ["1.7B", "8B", "14B"]
 
@@ -54,6 +56,25 @@ def test_every_config_composes_and_validates(method, size):
     # auto resolved: no flash-attn on this machine
     assert cfg.actor_rollout_ref.model.override_config.attn_implementation == attention.NAME
     assert cfg.actor_rollout_ref.model.use_fused_kernels is True
+
+
+@pytest.mark.parametrize("method", ABLATIONS)
+def test_the_ablations_are_stapo_with_another_choice(method):
+    stapo = validate(load(method), environment=False)
+    assert (stapo.mask, stapo.silence, stapo.policy_source) == ("s2t", ABLATIONS[method], "old")
+    assert validate(load("stapo"), environment=False).silence == "low_entropy"
+    assert omega_conf_to_dataclass(load(method).actor_rollout_ref.actor) == omega_conf_to_dataclass(
+        load("stapo").actor_rollout_ref.actor
+    )
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [["stapo.silence=random", "stapo.policy_source=current"], ["stapo.silence=random", "stapo.mask=top_entropy"]],
+)
+def test_an_ablation_needs_the_driver_s2t_mask(overrides):
+    with pytest.raises(StapoConfigError, match="stapo.silence=random is an ablation of the S2T mask"):
+        StapoConfig.from_node(load("stapo", *overrides).stapo)
 
 
 def test_paper_defaults_live_in_the_typed_config_only():

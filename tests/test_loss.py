@@ -228,8 +228,11 @@ def _rank_main(rank, port, mode, queue):
         rows = [0, 1, 2] if rank == 0 else [3, 4, 5]  # verl hands each rank a contiguous chunk
         total, grads, metrics = run_engine_minibatch(fn, data, cur, ent, rows, splits, group=dist.group.WORLD)
         dist.all_reduce(total)  # FSDP averages over ranks; the loss is pre-scaled by dp_size
-        masked = [m["stapo/masked_tokens"].values for m in metrics if "stapo/masked_tokens" in m]
-        queue.put((rank, total.item() / 2, {i: g.tolist() for i, g in grads.items()}, masked))
+        counts = {
+            key: [m[key].values for m in metrics if key in m]
+            for key in ("stapo/masked_tokens", "stapo/expected_masked_tokens")
+        }
+        queue.put((rank, total.item() / 2, {i: g.tolist() for i, g in grads.items()}, counts))
     finally:
         dist.destroy_process_group()
 
@@ -268,11 +271,20 @@ def test_two_gloo_ranks_current_policy_mask_uses_the_gathered_quantile():
         assert loss == pytest.approx(expected, rel=1e-5)
         for i, g in grads.items():
             assert all(g[t] == 0 for t, k in enumerate(keep_rows[i]) if not k)
-    # the masked-token metric as verl aggregates it over ranks (a mean) is the count over both ranks
-    per_rank = [Metric(AggregationType.SUM) for _ in results]
-    for metric, (*_, masked) in zip(per_rank, results):
-        metric.extend([v for micro in masked for v in micro])
-    assert Metric.aggregate_dp(per_rank) == sum(not k for row in keep_rows for k in row)
+    # the token counts as verl aggregates them over ranks (a mean) are the mini-batch's: silenced over both ranks,
+    # and what the rule silences in the gathered pool with distinct entropies, ⌈q(k−1)⌉
+    adv, ones = [[a] * n for a, n in zip(ADV, RESP_LENS)], [[1] * n for n in RESP_LENS]
+    _, stats = s2t_mask(pad(cur), pad(ent), pad(adv), pad(ones), CURRENT.tau_p, CURRENT.q)
+    expected = {
+        "stapo/masked_tokens": sum(not k for row in keep_rows for k in row),
+        "stapo/expected_masked_tokens": math.ceil(CURRENT.q * (stats["candidates"] - 1)),
+    }
+    assert expected["stapo/masked_tokens"] == stats["masked"] == expected["stapo/expected_masked_tokens"]
+    for key, value in expected.items():
+        per_rank = [Metric(AggregationType.SUM) for _ in results]
+        for metric, (*_, counts) in zip(per_rank, results):
+            metric.extend([v for micro in counts[key] for v in micro])
+        assert Metric.aggregate_dp(per_rank) == pytest.approx(value)
 
 
 @pytest.mark.parametrize("norm", ["selected", "all"])

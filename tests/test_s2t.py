@@ -153,3 +153,20 @@ def test_grad_norm_bound_against_autograd(vocab):
         torch.tensor([-math.log(vocab)]), torch.tensor([math.log(vocab)]), torch.tensor([2.0])
     )
     assert bound.item() == pytest.approx(4 * (1 - 2 / vocab + 1 / vocab), rel=1e-5)
+
+
+def test_ablations_silence_as_many_candidates_chosen_otherwise():
+    """STAPO v4 §7.1: high-entropy and random masking silence as many candidates as S2T (here 3 of 5)."""
+    from stapo.s2t import ablation_choice
+
+    keep, stats = s2t_mask(ALL_LOW, t(ENT), POS, ONES, silence="high_entropy")
+    assert (
+        keep.tolist() == [[1, 1, 0, 0, 0]] and stats["masked"] == 3 and stats["entropy_threshold"] == pytest.approx(0.4)
+    )
+    draws = {tuple(s2t_mask(ALL_LOW, t(ENT), POS, ONES, silence="random", seed=s)[0][0].tolist()) for s in range(20)}
+    assert len(draws) > 1 and all(sum(d) == 2 for d in draws)
+    pool = t([0.1, 0.5, math.nan, 0.3])
+    assert ablation_choice(pool, 2, "high_entropy").tolist() == [1, 3]  # NaN never chosen
+    assert sorted(ablation_choice(pool, 5, "random", seed=1).tolist()) == [0, 1, 3]
+    with pytest.raises(ValueError, match="unknown ablation"):
+        ablation_choice(pool, 1, "low")

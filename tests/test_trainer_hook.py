@@ -8,6 +8,7 @@ records each mini-batch it would train on.
 
 import functools
 import json
+import math
 import time
 
 import pytest
@@ -87,7 +88,7 @@ class StandInActorWorkerGroup:
         self.loss_fn = fn
 
 
-def put_batch(seed=0):
+def put_batch(seed=0, entropy_dtype=torch.float32, entropy_range=(0.0, 3.0)):
     gen = torch.Generator().manual_seed(seed)
     lens = torch.randint(3, 9, (N_ROWS,), generator=gen).tolist()
     adv = torch.randn(N_ROWS, generator=gen)
@@ -98,7 +99,7 @@ def put_batch(seed=0):
             "loss_mask": nested([torch.ones(n, dtype=torch.int64) for n in lens]),
             # p ~ 1e-3 .. 1e-2: about half of the tokens are below tau_p = 0.002
             "old_log_probs": nested([-4.6 - 2.3 * torch.rand(n, generator=gen) for n in lens]),
-            "entropy": nested([torch.rand(n, generator=gen) * 3 for n in lens]),
+            "entropy": nested([uniform(n, *entropy_range, gen).to(entropy_dtype) for n in lens]),
             "advantages": nested([torch.full((n,), float(a)) for n, a in zip(lens, adv)]),
             "row": torch.arange(N_ROWS),
         },
@@ -106,6 +107,10 @@ def put_batch(seed=0):
     )
     keys = [f"s{seed}_{i}" for i in range(N_ROWS)]
     return tq.kv_batch_put(keys=keys, partition_id="train", fields=fields, tags=[{"seq_len": n} for n in lens])
+
+
+def uniform(n, low, high, gen):
+    return low + (high - low) * torch.rand(n, generator=gen)
 
 
 def nested(rows):
@@ -134,7 +139,7 @@ def test_mask_reaches_the_update_per_minibatch_and_is_restored(transfer_queue, t
     wall = time.perf_counter() - start
 
     assert len(wg.seen) == N_ROWS // (MINI_PROMPTS * ROLLOUT_N)
-    masked_total = 0
+    masked_total, pool_candidates, pool_masked = 0, [], []
     for parts in wg.seen:
         rows = torch.cat([p["row"] for p in parts])
         trained = torch.cat([pad_to(p["response_mask"]) for p in parts])
@@ -146,6 +151,8 @@ def test_mask_reaches_the_update_per_minibatch_and_is_restored(transfer_queue, t
         # the engine's denominator (loss_mask summed over the mini-batch on all ranks) is the kept count
         assert sum(int(p["loss_mask"].sum()) for p in parts) == int(expected.sum())
         masked_total += stats["masked"]
+        pool_candidates.append(stats["candidates"])
+        pool_masked.append(stats["masked"])
     assert masked_total > 0
 
     after = tq.kv_batch_get(keys=batch.keys, partition_id="train").to_padded_tensor()
@@ -160,6 +167,8 @@ def test_mask_reaches_the_update_per_minibatch_and_is_restored(transfer_queue, t
     assert record["masked_tokens"] == masked_total and record["response_tokens"] == record["loss_tokens"] == tokens
     assert record["during_update"] == {"response_mask": tokens - masked_total, "loss_mask": tokens - masked_total}
     assert record["after_update"] == {"response_mask": tokens, "loss_mask": tokens}
+    assert record["pool_masked"] == pool_masked and record["entropy_dtype"] == "torch.float32"
+    assert record["pool_candidates"] == pool_candidates and sum(pool_candidates) == metrics["stapo/candidate_tokens"]
     assert metrics["stapo/masked_frac"] == pytest.approx(masked_total / int(before["response_mask"].sum()))
     assert {
         "stapo/candidate_frac",
@@ -228,15 +237,19 @@ def reference_s2t_metrics(before, groups):
     padded = {k: pad_to(before[k]) for k in ("old_log_probs", "entropy", "advantages", "response_mask")}
     valid = padded["response_mask"] != 0
     spurious = torch.zeros_like(valid)
+    expected = 0
     for rows in groups:
-        keep, _ = s2t_mask(*(padded[k][rows] for k in ("old_log_probs", "entropy", "advantages", "response_mask")))
+        keep, stats = s2t_mask(*(padded[k][rows] for k in ("old_log_probs", "entropy", "advantages", "response_mask")))
         spurious[rows] = valid[rows] & (keep == 0)
+        expected += math.ceil(0.75 * (stats["candidates"] - 1)) if stats["candidates"] else 0
     candidates = valid & (padded["advantages"] > 0) & (padded["old_log_probs"] < torch.log(torch.tensor(0.002)))
     bound = grad_norm_lower_bound(padded["old_log_probs"], padded["entropy"], padded["advantages"]).double()
     tokens = int(valid.sum())
     return {
         "s2t/candidate_frac": int(candidates.sum()) / tokens,
         "s2t/spurious_frac": int(spurious.sum()) / tokens,
+        "s2t/silenced_share": int(spurious.sum()) / int(candidates.sum()),
+        "s2t/expected_share": expected / int(candidates.sum()),
         "s2t/grad_bound/spurious_mean": float(bound[spurious].mean()),
         "s2t/grad_bound/candidate_mean": float(bound[candidates].mean()),
         "s2t/grad_bound/other_mean": float(bound[valid & ~candidates].mean()),
@@ -258,6 +271,7 @@ def test_s2t_metrics_are_logged_for_every_method(transfer_queue, method):
     expected = reference_s2t_metrics(before, trainer._mask_groups(N_ROWS))
     assert {k: v for k, v in metrics.items() if k.startswith("s2t/")} == pytest.approx(expected, rel=1e-5)
     assert expected["s2t/spurious_frac"] > 0 and expected["s2t/grad_bound/spurious_mean"] > 0
+    assert metrics["s2t/silenced_share"] == metrics["s2t/expected_share"]  # float32 entropies from a uniform draw
     assert metrics["timing_s/stapo_mask"] > 0
     if method == "justrl":  # observed only: the workers trained on the rollout's own mask
         original = pad_to(before["response_mask"])
@@ -265,6 +279,46 @@ def test_s2t_metrics_are_logged_for_every_method(transfer_queue, method):
         assert not any(k.startswith("stapo/") for k in metrics)
     else:
         assert metrics["stapo/masked_tokens"] > 0
+
+
+def test_the_random_ablation_silences_as_many_as_s2t_in_each_minibatch(transfer_queue):
+    """stapo_random: each mini-batch loses as many candidates as S2T would silence there, drawn at random, so the
+    control differs from STAPO in which tokens, not how many; s2t/* still report the S2T rule."""
+    wg = StandInActorWorkerGroup()
+    batch = put_batch(seed=8)
+    before = tq.kv_batch_get(keys=batch.keys, partition_id="train").to_padded_tensor()
+    metrics = {}
+    make_trainer(compose("stapo.silence=random"), wg)._update_actor(batch, metrics)
+    differs = False
+    for parts in wg.seen:
+        rows = torch.cat([p["row"] for p in parts])
+        trained = torch.cat([pad_to(p["response_mask"]) for p in parts])
+        keep, stats = s2t_mask(
+            *(pad_to(before[k])[rows] for k in ("old_log_probs", "entropy", "advantages", "response_mask"))
+        )
+        original = pad_to(before["response_mask"])[rows]
+        assert int((original - trained).sum()) == stats["masked"]
+        candidates = (original != 0) & (pad_to(before["advantages"])[rows] > 0)
+        candidates &= pad_to(before["old_log_probs"])[rows] < math.log(0.002)
+        assert not ((trained == 0) & (original != 0) & ~candidates).any()  # only candidates are silenced
+        differs |= not torch.equal(trained, keep)
+    assert differs and metrics["stapo/masked_frac"] == pytest.approx(metrics["s2t/spurious_frac"])
+
+
+def test_entropies_in_another_dtype_than_float32_are_reported_once(transfer_queue, capsys):
+    """bfloat16 entropies (verl 0.9.1's fused kernel without the recipe's patch) tie at τ_h: one line on stderr
+    for the whole run, and the step's s2t/silenced_share falls below s2t/expected_share (entropies in [2.0, 2.03)
+    take two bfloat16 values)."""
+    from stapo.train import metrics as metrics_module
+
+    metrics_module._WARNED.clear()
+    trainer = make_trainer(compose(), StandInActorWorkerGroup())
+    for seed in (5, 6):
+        metrics = {}
+        trainer._update_actor(put_batch(seed, torch.bfloat16, (2.0, 2.03)), metrics)
+    lines = [line for line in capsys.readouterr().err.splitlines() if "STAPO WARNING" in line]
+    assert len(lines) == 1 and "torch.bfloat16" in lines[0] and "float32" in lines[0]
+    assert metrics["s2t/silenced_share"] < metrics["s2t/expected_share"]
 
 
 @pytest.mark.parametrize("norm", ["selected", "all"])

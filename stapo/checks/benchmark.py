@@ -6,13 +6,15 @@ python -m stapo.checks.benchmark mask [--responses 2048 --length 15360]
     from TransferQueue, on this machine's CPU: the mask, folding it into the two masks written back, and the s2t/*
     gradient-bound sums (which the trainer computes while the workers update; median of repeated runs).
 
-python -m stapo.checks.benchmark actor --out DIR [--shape qwen3_1.7b --tokens 32768 --seq 2048]
+python -m stapo.checks.benchmark actor --out DIR [--shape qwen3_1.7b --tokens 32768 --seq 2048 --rounds 6]
     One actor micro-batch as verl's FSDP engine computes it (packed sequences, gradient checkpointing, bfloat16, the
     log-probabilities of the sampled tokens, forward and backward), on one GPU, for each attention implementation
     (packed sdpa, flex_attention, the recipe's torch_varlen; padded sdpa) and each log-probability path (verl's
-    fallback without flash-attn, ``logprobs_from_logits``, and its fused kernel ``use_fused_kernels``); plus the
-    no-grad old-log-prob pass with entropy. Seconds (median of the timed repeats) and MFU as verl counts it
-    (``FlopsCounter``).
+    fallback without flash-attn, ``logprobs_from_logits``, and its fused kernel ``use_fused_kernels`` with the
+    recipe's float32 entropies); plus the no-grad old-log-prob pass with entropy. Seconds (median of the timed
+    repeats) and MFU as verl counts it (``FlopsCounter``). Last, ``float32_entropy``: the recipe's patch of the fused
+    kernel (:mod:`stapo.train.verl_patches`) against verl's own kernel on the recipe's attention, alternating in
+    ``--rounds`` rounds after a warm-up round: median times, their ratios and each one's peak memory.
 
 python -m stapo.checks.benchmark attention
     The recipe's ``torch_varlen`` attention against ``sdpa`` run on each sequence alone (forward and backward,
@@ -108,9 +110,10 @@ def bench_actor(args) -> dict:
     from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
 
     from stapo.quickstart.tiny import QWEN3_SHAPES
-    from stapo.train import attention
+    from stapo.train import attention, verl_patches
 
     attention.register()
+    verl_patches.float32_fused_entropy()  # as the plugin does in every worker
     torch.manual_seed(0)
     config = Qwen3Config(**QWEN3_SHAPES[args.shape], max_position_embeddings=40960, torch_dtype="bfloat16")
     with torch.device("cuda"):
@@ -149,7 +152,50 @@ def bench_actor(args) -> dict:
         model.zero_grad(set_to_none=True)
         torch.cuda.empty_cache()
         print(name, json.dumps(results[name]), flush=True)
+    model.set_attn_implementation(attention.NAME)
+    step = functools.partial(_actor_step, model, ids, True, True, logprobs_from_logits, entropy_from_logits)
+    results["float32_entropy"] = _entropy_patch_cost(model, ids, step, args.rounds)
+    print("float32_entropy", json.dumps(results["float32_entropy"]), flush=True)
     return results
+
+
+def _entropy_patch_cost(model, ids, step, rounds: int) -> dict:
+    """verl's fused kernel (bfloat16 entropies) against the recipe's patch (float32), same micro-batch and model,
+    alternating which goes first in each round; the first round is warm-up. The update and the old-log-prob pass
+    are timed and their peak memory taken separately for each."""
+    from stapo.train import verl_patches
+
+    variants = ("verl", "float32")
+    times = {f"{v}_{kind}_s": [] for v in variants for kind in ("update", "old_log_prob")}
+    peaks = dict.fromkeys(variants, 0)
+    checks = {}
+    for r in range(rounds + 1):
+        for variant in variants if r % 2 else variants[::-1]:
+            verl_patches.float32_fused_entropy(variant == "float32")
+            for kind, train in (("update", True), ("old_log_prob", False)):
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+                start = time.perf_counter()
+                step(train=train)
+                torch.cuda.synchronize()
+                if r:
+                    times[f"{variant}_{kind}_s"].append(time.perf_counter() - start)
+                peaks[variant] = max(peaks[variant], torch.cuda.max_memory_allocated())
+            if not r:
+                one = {"input_ids": ids[:1], "position_ids": torch.arange(ids.shape[1], device="cuda")[None]}
+                with torch.no_grad():
+                    out = model(**one, shift_labels=torch.roll(ids[:1], -1, -1), return_dict=True)
+                checks[variant] = {"entropy_dtype": str(out.entropy.dtype), "log_prob_sum": float(out.log_probs.sum())}
+    verl_patches.float32_fused_entropy()
+    result = {"rounds": rounds, **checks}
+    for key, values in times.items():
+        result[key] = round(statistics.median(values), 4)
+        result[f"{key}_all"] = [round(x, 4) for x in values]
+    for kind in ("update", "old_log_prob"):
+        result[f"{kind}_ratio"] = round(result[f"float32_{kind}_s"] / result[f"verl_{kind}_s"], 4)
+    result.update({f"{v}_peak_gib": round(peaks[v] / 2**30, 3) for v in variants})
+    result["peak_ratio"] = round(peaks["float32"] / peaks["verl"], 5)
+    return result
 
 
 def _actor_step(model, ids, packed, fused, logprobs_from_logits, entropy_from_logits, train, check=False):
@@ -376,6 +422,7 @@ def main() -> None:
     actor.add_argument("--tokens", type=int, default=32768, help="tokens per micro-batch (the size config's budget)")
     actor.add_argument("--seq", type=int, default=2048, help="tokens per sequence")
     actor.add_argument("--repeats", type=int, default=2, help="timed repeats after one warm-up")
+    actor.add_argument("--rounds", type=int, default=6, help="timed rounds of the float32-entropy comparison")
     gpu = sub.add_parser("gpu")
     gpu.add_argument("--out", type=Path, required=True)
     gpu.add_argument("--model", default="tiny", help="tiny, or a key of QWEN3_SHAPES (the size config's settings)")

@@ -10,7 +10,11 @@ It exits non-zero if any of these fails, for every STAPO run:
   4. the workers saw exactly the driver's silenced tokens, and the response mask is the original one after the
      update (what verl's metrics and logs read);
   5. the logged stapo/masked_tokens add up to the tokens the workers silenced;
-and for every run, JustRL included: 6. the s2t/* metrics (S2T rule and gradient-norm bound) are logged every step.
+  6. every quantile pool (a PPO mini-batch; with policy_source=current a micro-batch over all ranks) of k candidates
+     had ⌈q(k−1)⌉ ± 1 of them silenced, what the rule gives with distinct entropies, and the entropies reached the
+     mask in float32;
+and for every run, JustRL included: 7. the s2t/* metrics (S2T rule and gradient-norm bound) are logged every step,
+and no process warned that entropies arrived in another dtype than float32.
 The reward is the fraction of digits in the response: continuous, so every group has positive and negative
 advantages.
 """
@@ -26,7 +30,9 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from stapo.config import StapoConfig
 from stapo.quickstart.tiny import tiny_run_overrides
+from stapo.s2t import distinct_silenced
 from stapo.tools.io import read_jsonl as _read_jsonl
 
 S2T_METRICS = ("s2t/candidate_frac", "s2t/spurious_frac", "s2t/grad_bound/spurious_share")
@@ -119,6 +125,8 @@ def check(method: str, out: Path, gpus: int) -> tuple[list[str], dict]:
     steps = [s for s in steps if "actor/pg_loss" in s]
     summary = {"steps": len(steps), "s2t": [{k: round(s[k], 6) for k in S2T_METRICS if k in s} for s in steps]}
     problems += [f"step {i + 1}: no {', '.join(S2T_METRICS)}" for i, s in enumerate(steps) if S2T_METRICS[0] not in s]
+    warnings = [line for line in (out / "train.log").read_text().splitlines() if "STAPO WARNING" in line]
+    problems += [f"train.log: {line.strip()[:300]}" for line in warnings[:3]]
     if method == "justrl":
         if any(k.startswith("stapo/") for s in steps for k in s):
             problems.append("justrl logged stapo/* metrics: the mask ran in a baseline")
@@ -126,7 +134,12 @@ def check(method: str, out: Path, gpus: int) -> tuple[list[str], dict]:
 
     cand = [s.get("stapo/candidate_tokens", 0) for s in steps]
     masked = [s.get("stapo/masked_tokens", 0) for s in steps]
-    summary.update(candidates=cand, masked=masked, masked_frac=[round(s.get("stapo/masked_frac", 0), 4) for s in steps])
+    summary.update(
+        candidates=cand,
+        masked=masked,
+        expected=[s.get("stapo/expected_masked_tokens") for s in steps],
+        masked_frac=[round(s.get("stapo/masked_frac", 0), 4) for s in steps],
+    )
     if not any(c > 0 for c in cand):
         problems.append("no step had S2T candidates: the smoke proves nothing")
     problems += [
@@ -148,18 +161,24 @@ def check(method: str, out: Path, gpus: int) -> tuple[list[str], dict]:
     # mini-batches: consecutive records of each rank, micro-batches per mini-batch as configured
     per_mini = 1 if method == "stapo_current" else MICRO_PER_MINI
     groups = zip(*[[rs[i : i + per_mini] for i in range(0, len(rs), per_mini)] for rs in by_rank.values()])
+    pools = []  # (candidates, silenced) of each quantile pool
     for j, group in enumerate(groups):
         rows = [r for part in group for r in part]
         kept = sum(r["kept_tokens"] for r in rows)
         denominators = {r["batch_num_tokens"] for r in rows}
         if denominators != {kept}:
             problems.append(f"mini-batch {j}: denominators {sorted(denominators)} != kept tokens {kept}")
+        if method == "stapo_current":  # one micro-batch per rank and mini-batch: the pool is the mini-batch
+            pools.append((rows[0]["pool_candidates"], sum(r["silenced_tokens"] for r in rows)))
     silenced = sum(r["silenced_tokens"] for r in records)
     summary["worker_silenced"] = silenced
     if round(sum(masked)) != silenced:  # policy_source=current logs verl's mean over mini-batches times their number
         problems.append(f"stapo/masked_tokens sums to {sum(masked)} over the steps, the workers silenced {silenced}")
     if method == "stapo":
         driver = read_jsonl(sorted((out / "audit").glob("driver-*.jsonl")))
+        pools = [pool for d in driver for pool in zip(d["pool_candidates"], d["pool_masked"])]
+        problems += [f"step {d['step']}: entropies reached the mask as {d['entropy_dtype']}"
+                     for d in driver if d["entropy_dtype"] != "torch.float32"]  # fmt: skip
         if silenced != sum(d["masked_tokens"] for d in driver):
             problems.append(f"workers silenced {silenced} tokens, the driver {sum(d['masked_tokens'] for d in driver)}")
         for d in driver:
@@ -171,7 +190,20 @@ def check(method: str, out: Path, gpus: int) -> tuple[list[str], dict]:
                 )
             if d["after_update"] != original:
                 problems.append(f"step {d['step']}: masks not restored: {d['after_update']} != {original}")
+    problems += pool_problems(pools, StapoConfig().q)
+    summary["pools"] = pools
     return problems, summary
+
+
+def pool_problems(pools: list[tuple[int, int]], q: float) -> list[str]:
+    """Check 6: each pool of k candidates had ⌈q(k−1)⌉ ± 1 silenced (ties at τ_h silence fewer)."""
+    if not pools:
+        return ["no quantile pool was recorded"]
+    return [
+        f"pool {i}: {silenced} of {k} candidates silenced, the rule gives {distinct_silenced(k, q)} (± 1)"
+        for i, (k, silenced) in enumerate(pools)
+        if abs(silenced - distinct_silenced(k, q)) > 1
+    ]
 
 
 def main() -> None:

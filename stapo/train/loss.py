@@ -30,9 +30,9 @@ import torch.distributed as dist
 from tensordict import TensorDict
 
 from stapo.config import StapoConfig
-from stapo.s2t import entropy_quantile, s2t_mask, top_entropy_mask, top_k_threshold
+from stapo.s2t import distinct_silenced, entropy_quantile, s2t_mask, top_entropy_mask, top_k_threshold
 from stapo.train import audit
-from stapo.train.metrics import mask_metrics
+from stapo.train.metrics import check_entropy_dtype, mask_metrics
 
 
 def stapo_loss(config, model_output, data: TensorDict, dp_group=None, *, stapo: StapoConfig):
@@ -42,18 +42,18 @@ def stapo_loss(config, model_output, data: TensorDict, dp_group=None, *, stapo: 
     from verl.workers.utils.losses import ppo_loss
 
     data = data.copy()  # shallow: the engine keeps using the original micro-batch
-    metrics = {}
+    metrics, pool = {}, {}
+    ranks = dist.get_world_size(dp_group) if _distributed(dp_group) else 1
     if stapo.policy_source == "current":
-        metrics = _fold_current_policy_mask(model_output, data, dp_group, stapo)
+        metrics, pool = _fold_current_policy_mask(model_output, data, dp_group, stapo, ranks)
     if data["batch_num_tokens"] == 0:
         # Every token of the mini-batch is silenced: Σ I = 0, the objective is empty; 0 (no gradient), not NaN.
         tu.assign_non_tensor(data, batch_num_tokens=1)
     loss, loss_metrics = ppo_loss(config, model_output, data, dp_group)
     if audit.enabled():
-        audit.write("loss", audit.loss_record(loss, model_output, data, dp_group))
+        audit.write("loss", {**audit.loss_record(loss, model_output, data, dp_group), **pool})
     # verl sums a SUM metric over micro-batches but averages it over data-parallel ranks (Metric.aggregate_dp):
     # a rank's token count times the number of ranks makes that average the count over all ranks.
-    ranks = dist.get_world_size(dp_group) if _distributed(dp_group) else 1
     loss_metrics.update(
         {
             key: Metric(value=value * ranks, aggregation=AggregationType.SUM)
@@ -65,7 +65,12 @@ def stapo_loss(config, model_output, data: TensorDict, dp_group=None, *, stapo: 
     return loss, loss_metrics
 
 
-def _fold_current_policy_mask(model_output, data: TensorDict, dp_group, stapo: StapoConfig) -> dict[str, float]:
+def _fold_current_policy_mask(
+    model_output, data: TensorDict, dp_group, stapo: StapoConfig, ranks: int
+) -> tuple[dict[str, float], dict[str, int]]:
+    """Fold the mask of π_θ into ``data``; returns the mask metrics and, for S2T, the quantile pool of this
+    micro-batch over all ranks: ``pool_candidates`` (finite entropies) and ``pool_expected`` (what the rule silences
+    with distinct entropies)."""
     from verl.utils import tensordict_utils as tu
     from verl.workers.utils.padding import no_padding_2_padding, response_to_nested
 
@@ -74,13 +79,20 @@ def _fold_current_policy_mask(model_output, data: TensorDict, dp_group, stapo: S
             "stapo.policy_source=current: the update computed no entropy; "
             "set actor_rollout_ref.actor.calculate_entropy=True"
         )
+    check_entropy_dtype(model_output["entropy"], "the actor's entropies (stapo.policy_source=current)")
     log_probs = no_padding_2_padding(model_output["log_probs"], data).detach()
     entropy = no_padding_2_padding(model_output["entropy"], data).detach()
     padded = data.select("response_mask", "advantages").to_padded_tensor()
     response_mask = padded["response_mask"]
+    pool = {}
 
     def gathered(fn):  # the threshold over this micro-batch's tokens on every data-parallel rank
-        return lambda values, arg: fn(_all_gather_1d(values.to(log_probs.device), dp_group).cpu(), arg)
+        def threshold(values, arg):
+            values = _all_gather_1d(values.to(log_probs.device), dp_group).cpu()
+            pool["pool_candidates"] = int((~torch.isnan(values)).sum())
+            return fn(values, arg)
+
+        return threshold
 
     if stapo.mask == "s2t":
         keep, stats = s2t_mask(
@@ -92,6 +104,8 @@ def _fold_current_policy_mask(model_output, data: TensorDict, dp_group, stapo: S
             stapo.q,
             quantile_fn=gathered(entropy_quantile),
         )
+        pool["pool_expected"] = distinct_silenced(pool["pool_candidates"], stapo.q)
+        stats["expected_masked"] = pool["pool_expected"] / ranks  # the pool's count: stapo_loss multiplies by ranks
     else:
         keep, stats = top_entropy_mask(
             entropy, response_mask, stapo.top_entropy_ratio, threshold_fn=gathered(top_k_threshold)
@@ -105,7 +119,7 @@ def _fold_current_policy_mask(model_output, data: TensorDict, dp_group, stapo: S
     metrics = mask_metrics(stats)
     if math.isnan(metrics["stapo/entropy_threshold"]):
         del metrics["stapo/entropy_threshold"]  # a NaN would poison the mean over micro-batches
-    return metrics
+    return metrics, pool if stapo.mask == "s2t" else {}
 
 
 def _distributed(group) -> bool:

@@ -9,7 +9,8 @@ rollouts every :data:`POLL_INTERVAL_S`). Two additions to ``PPOTrainerSync``, an
    ``ppo_loss`` plus the mask of ``policy_source: current`` and an empty-mini-batch guard);
 2. right before the actor update, the driver reads the old-policy log-probs and entropies verl already stored in
    TransferQueue and, with ``policy_source: old``, builds the mask with one quantile per PPO mini-batch exactly as
-   the workers will split the batch (:func:`stapo.batch_mask.mask_for_update`). The mask is folded into
+   the workers will split the batch (:func:`stapo.batch_mask.mask_for_update`; ``stapo.silence`` switches to the
+   paper's masking-strategy ablations). The mask is folded into
    ``response_mask`` (what ``ppo_loss`` averages over) and ``loss_mask`` (what verl's engine counts for the
    ``token-mean`` denominator) for the update only; the originals are put back afterwards, so advantages, data
    metrics and logs see the rollout unchanged. verl divides by the global count of ``loss_mask`` per mini-batch, so
@@ -47,7 +48,7 @@ from stapo.config import TRAINER_MODE
 from stapo.tools.io import set_aside
 from stapo.train import audit
 from stapo.train.loss import stapo_loss
-from stapo.train.metrics import mask_metrics, s2t_metrics
+from stapo.train.metrics import check_entropy_dtype, mask_metrics, s2t_metrics
 from stapo.train.preflight import validate_training_config
 
 MASK_INPUTS = ["old_log_probs", "entropy", "advantages", "response_mask", "loss_mask"]
@@ -61,6 +62,9 @@ POLL_INTERVAL_S = 0.2
 """How often verl's replay buffer looks in TransferQueue for the step's finished rollouts (verl 0.9.1: every 2 s, not
 configurable). At 2 s a step's generation is rounded up to a multiple of 2 s: short runs measured 2.1 or 4.1 s for
 the same work (docs/experiments.md section 6); each look is one metadata listing, cheap at paper scale too."""
+
+RANDOM_SEED_STRIDE = 1000
+"""``stapo.silence=random`` draws mini-batch g of step s with seed 1000·s + g: reproducible, distinct per step."""
 
 _BACKGROUND = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stapo-s2t-metrics")
 """Computes the s2t/* gradient-bound sums while the workers run the actor update (NumPy releases the GIL)."""
@@ -186,6 +190,7 @@ class STAPOTrainer(PPOTrainerSync):
         start = time.perf_counter()
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=MASK_INPUTS)
         inputs = [data[k] for k in MASK_INPUTS[:4]]
+        check_entropy_dtype(data["entropy"], "the old-policy entropies in TransferQueue")
         groups = self._mask_groups(len(batch))
         observed = bounds = None
         if stapo.metrics:  # the S2T rule at π_old, applied or not; its gradient-norm bounds beside the update
@@ -198,7 +203,7 @@ class STAPOTrainer(PPOTrainerSync):
             metrics["timing_s/stapo_mask"] = mask_seconds
             return batch
 
-        if stapo.mask == "s2t" and observed is not None:
+        if stapo.mask == "s2t" and stapo.silence == "low_entropy" and observed is not None:
             silenced, stats = spurious, observed
         else:
             silenced, stats = mask_for_update(
@@ -208,6 +213,8 @@ class STAPOTrainer(PPOTrainerSync):
                 tau_p=stapo.tau_p,
                 q=stapo.q,
                 top_entropy_ratio=stapo.top_entropy_ratio,
+                silence=stapo.silence,
+                seed=RANDOM_SEED_STRIDE * self.global_steps,  # a fresh draw every step (stapo_random)
             )
         fields = MASK_FIELDS if stapo.mask == "s2t" or stapo.top_entropy_norm == "selected" else MASK_FIELDS[:1]
         originals = data.select(*fields)
@@ -234,6 +241,9 @@ class STAPOTrainer(PPOTrainerSync):
                 {
                     "step": self.global_steps,
                     "masked_tokens": stats["masked"],
+                    "pool_candidates": stats.get("pool_candidates"),
+                    "pool_masked": stats.get("pool_masked"),
+                    "entropy_dtype": str(data["entropy"].dtype),
                     "response_tokens": int(data["response_mask"].values().sum()),
                     "loss_tokens": int(data["loss_mask"].values().sum()),
                     "folded": list(fields),

@@ -1,0 +1,83 @@
+"""Changes the recipe makes to verl 0.9.1 at run time, each with the version it answers and when it can go.
+
+* :func:`float32_fused_entropy` -- verl's fused log-probability kernel (``FusedLinearForPPO``, torch backend: what
+  ``use_fused_kernels: auto`` selects when flash-attn is missing) computes the entropy in float32 and stores it in
+  the hidden states' dtype, bfloat16 (``verl/utils/experimental/torch_functional.py``: ``entropy.to(orig_dtype)``
+  and a ``hidden_states.new_zeros`` buffer; verl PR #5662 made the log-probs float32, not the entropy). bfloat16
+  keeps 8 bits of mantissa, so the S2T candidates' entropies tie at τ_h and the strict ``H < τ_h`` silences far
+  fewer than the rule's q (measured on one H100: 3.6 % of candidates instead of about 75 %). The patch keeps the
+  kernel's float32 entropy; the log-probs, the gradients and the speed are verl's (tested in
+  tests/test_verl_patches.py, timed by ``python -m stapo.checks.benchmark actor``). Remove it when verl's kernel
+  returns float32 entropies (tests/test_verl_patches.py checks verl's own function and fails once it does).
+
+The other paths the recipe can select give float32 entropies already: verl's triton kernel
+(``fused_kernel_options.impl_backend: triton``), the unfused path (softmax and logsumexp run in float32 under CUDA
+autocast), and ``entropy_from_logits_with_chunking``. Every run checks what reaches the mask
+(:func:`stapo.train.metrics.check_entropy_dtype`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _log_probs_and_entropy(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 log π(label) and entropy H = logsumexp(z) − Σ softmax(z)·z of a chunk of float32 logits, as verl's
+    ``_fused_linear_for_ppo_fwd`` computes them (flash-attn's cross-entropy kernel for the log-probs where it is
+    installed), without casting the entropy down."""
+    from verl.utils.experimental import torch_functional as tf
+
+    entropy = torch.logsumexp(logits, dim=-1) - torch.sum(logits.softmax(dim=-1) * logits, dim=-1)
+    if tf._FLASH_ATTN_CROSS_ENTROPY_AVAILABLE:
+        return -tf.cross_entropy_loss(logits, labels)[0], entropy
+    return logits.log_softmax(dim=-1).gather(-1, labels.unsqueeze(-1)).squeeze(-1), entropy
+
+
+def _float32_entropy_function():
+    """A subclass of verl's ``FusedLinearForPPOFunction`` whose forward returns float32 entropies; its backward is
+    verl's (it reads the same saved tensors and context attributes)."""
+    from verl.utils.experimental.torch_functional import FusedLinearForPPOFunction
+
+    class FusedLinearForPPOFloat32Entropy(FusedLinearForPPOFunction):
+        @staticmethod
+        def forward(ctx, hidden_states, vocab_weights, input_ids, temperature=1.0, chunk_size=512):
+            ctx.set_materialize_grads(False)
+            ndim = hidden_states.ndim
+            if ndim not in (2, 3):
+                raise ValueError(f"hidden_states must be 2-D or 3-D, got shape {tuple(hidden_states.shape)}")
+            shape = input_ids.shape
+            if ndim == 3:  # as verl: a flat (tokens, hidden) view that keeps requires_grad for the backward
+                requires_grad = hidden_states.requires_grad
+                hidden_states = hidden_states.flatten(0, 1)
+                hidden_states.requires_grad_(requires_grad)
+                input_ids = input_ids.flatten(0, 1)
+            tokens = hidden_states.shape[0]
+            log_probs = torch.empty(tokens, device=hidden_states.device, dtype=torch.float32)
+            entropy = torch.empty_like(log_probs)
+            for start in range(0, tokens, chunk_size):
+                end = min(start + chunk_size, tokens)
+                logits = ((hidden_states[start:end] @ vocab_weights.t()) / temperature).float()
+                log_probs[start:end], entropy[start:end] = _log_probs_and_entropy(logits, input_ids[start:end])
+            ctx.save_for_backward(hidden_states, vocab_weights, input_ids)
+            ctx.orig_batch_size = shape[0] if ndim == 3 else -1
+            ctx.orig_ndim = ndim
+            ctx.temperature = temperature
+            ctx.chunk_size = chunk_size
+            return log_probs.view(shape), entropy.view(shape)
+
+    return FusedLinearForPPOFloat32Entropy
+
+
+def float32_fused_entropy(enable: bool = True) -> None:
+    """Make verl's torch ``FusedLinearForPPO`` return float32 entropies; ``enable=False`` puts verl's own function
+    back (the actor benchmark times the two side by side). Idempotent."""
+    from verl.utils.experimental import torch_functional as tf
+
+    current = tf.FusedLinearForPPOFunction
+    original = getattr(current, "_stapo_original", current)
+    if not enable:
+        tf.FusedLinearForPPOFunction = original
+    elif current is original:
+        patched = _float32_entropy_function()
+        patched._stapo_original = original
+        tf.FusedLinearForPPOFunction = patched

@@ -1,0 +1,68 @@
+"""The GPU smoke's checker (stapo/checks/gpu_smoke.py) on records written here as a 1-GPU STAPO run writes them:
+it passes a run that did what the rule says and names each way a run can fail (check 6: silenced ⌈q(k−1)⌉ ± 1 of
+each quantile pool's k candidates, float32 entropies, no dtype warning)."""
+
+import json
+
+import pytest
+
+from stapo.checks.gpu_smoke import check, pool_problems
+
+
+def write_run(out, pools, entropy_dtype="torch.float32", log=""):
+    """One STAPO step (policy_source=old, one rank, two micro-batches per mini-batch) whose mini-batches had
+    ``pools`` = [(candidates, silenced)]."""
+    masked = sum(s for _, s in pools)
+    (out / "audit").mkdir(parents=True)
+    step = {"actor/pg_loss": 0.1, "s2t/candidate_frac": 0.1, "stapo/candidate_tokens": sum(k for k, _ in pools)}
+    step.update({"stapo/masked_tokens": masked, "stapo/expected_masked_tokens": masked, "stapo/masked_frac": 0.01})
+    (out / "metrics.jsonl").write_text(json.dumps({"step": 1, "data": step}) + "\n")
+    (out / "train.log").write_text(log)
+    loss = [
+        {"rank": 0, "batch_num_tokens": 100 - silenced, "kept_tokens": kept, "silenced_tokens": s,
+         "max_grad_silenced": 0.0, "nonzero_grad_kept": 5}
+        for _, silenced in pools  # two micro-batches per mini-batch: the silenced tokens in the first
+        for kept, s in ((50 - silenced, silenced), (50, 0))
+    ]  # fmt: skip
+    (out / "audit" / "loss-1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in loss))
+    tokens = 100 * len(pools)
+    driver = {
+        "step": 1,
+        "masked_tokens": masked,
+        "response_tokens": tokens,
+        "loss_tokens": tokens,
+        "during_update": {"response_mask": tokens - masked, "loss_mask": tokens - masked},
+        "after_update": {"response_mask": tokens, "loss_mask": tokens},
+        "pool_candidates": [k for k, _ in pools],
+        "pool_masked": [s for _, s in pools],
+        "entropy_dtype": entropy_dtype,
+    }
+    (out / "audit" / "driver-2.jsonl").write_text(json.dumps(driver) + "\n")
+    return out
+
+
+GOOD = [(5, 3), (9, 6), (1, 0), (0, 0)]  # ⌈0.75·4⌉ = 3, ⌈0.75·8⌉ = 6, a lone candidate and an empty pool: 0
+
+
+def test_a_run_that_follows_the_rule_passes(tmp_path):
+    problems, summary = check("stapo", write_run(tmp_path / "run", GOOD), gpus=1)
+    assert problems == [] and summary["pools"] == GOOD
+
+
+@pytest.mark.parametrize(
+    "pools, dtype, log, expected",
+    [
+        ([(933, 36), *GOOD[1:]], "torch.float32", "", "pool 0: 36 of 933 candidates silenced, the rule gives 699"),
+        (GOOD, "torch.bfloat16", "", "entropies reached the mask as torch.bfloat16"),
+        (GOOD, "torch.float32", "x\n(TaskRunner) STAPO WARNING: entropies arrive as torch.bfloat16\n", "STAPO WARNING"),
+    ],
+)
+def test_each_failure_is_named(tmp_path, pools, dtype, log, expected):
+    problems, _ = check("stapo", write_run(tmp_path / "run", pools, dtype, log), gpus=1)
+    assert len(problems) == 1 and expected in problems[0]
+
+
+def test_one_token_of_slack_per_pool():
+    assert pool_problems([(101, 75), (101, 74), (101, 76)], 0.75) == []
+    assert len(pool_problems([(101, 73), (101, 77)], 0.75)) == 2
+    assert pool_problems([], 0.75) == ["no quantile pool was recorded"]

@@ -1,0 +1,100 @@
+"""verl's fused log-probability kernel under the recipe's plugin: float32 entropies (stapo/train/verl_patches.py),
+the same log-probs and gradients as verl's own function, and a mask that silences what the rule says on entropies
+that tie in bfloat16."""
+
+import math
+
+import pytest
+import torch
+from verl.utils.experimental import torch_functional as tf
+
+import stapo.train.plugin  # noqa: F401  (applies the patch, as in every Ray process of a run)
+from stapo.s2t import s2t_mask
+from stapo.train import verl_patches
+
+VERLS = tf.FusedLinearForPPOFunction._stapo_original
+
+
+def inputs(tokens=1300, hidden=16, vocab=1024, batch=None, seed=0, spread=0.03):
+    """bfloat16 hidden states and vocabulary weights whose logits are nearly uniform over ``vocab`` tokens (every
+    p near 1/vocab < τ_p, entropies within a few hundredths of ln vocab), and sampled token ids."""
+    gen = torch.Generator().manual_seed(seed)
+    h = (spread * torch.randn(tokens, hidden, generator=gen)).bfloat16()
+    w = torch.randn(vocab, hidden, generator=gen).bfloat16()
+    ids = torch.randint(0, vocab, (tokens,), generator=gen)
+    if batch:
+        h, ids = h.reshape(batch, tokens // batch, hidden), ids.reshape(batch, -1)
+    return h, w, ids
+
+
+def test_verls_own_kernel_still_returns_bfloat16_entropies():
+    """The reason for the patch (verl 0.9.1). When this fails, verl returns float32 entropies itself: remove
+    stapo.train.verl_patches.float32_fused_entropy."""
+    h, w, ids = inputs(tokens=8)
+    log_probs, entropy = VERLS.apply(h, w, ids, 1.0, 512)
+    assert log_probs.dtype == torch.float32 and entropy.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("batch", [None, 4])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_the_plugin_makes_verls_module_return_float32_entropies(batch, temperature):
+    h, w, ids = inputs(batch=batch)
+    log_probs, entropy = tf.FusedLinearForPPO(chunk_size=512)(h, w, ids, temperature)  # 3 chunks, a ragged last
+    ref_lp, ref_h = VERLS.apply(h, w, ids, temperature, 512)
+    assert entropy.dtype == torch.float32 and entropy.shape == ids.shape
+    assert torch.equal(log_probs, ref_lp)
+    assert torch.equal(entropy.bfloat16(), ref_h)  # verl's values are these, rounded
+    logits = ((h @ w.t()) / temperature).float()
+    expected = -(logits.softmax(-1) * logits.log_softmax(-1)).sum(-1)
+    assert torch.allclose(entropy, expected, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("batch", [None, 4])
+def test_gradients_are_verls(batch):
+    """Backward is verl's own (inherited): the gradients through the log-probs, and through the entropy, agree with
+    verl's function (its entropy gradient arrives in bfloat16, ours in float32: equal up to that rounding)."""
+    h, w, ids = inputs(tokens=1040, batch=batch)
+    grads = []
+    for function in (tf.FusedLinearForPPOFunction, VERLS):
+        hh, ww = h.clone().requires_grad_(), w.clone().requires_grad_()
+        log_probs, entropy = function.apply(hh, ww, ids, 1.0, 512)
+        (log_probs.sum() + 0.1 * entropy.float().sum()).backward()
+        grads.append((hh.grad, ww.grad))
+    for ours, verls in zip(*grads):
+        assert ours.dtype == verls.dtype == torch.bfloat16
+        assert torch.allclose(ours.float(), verls.float(), rtol=2e-2, atol=1e-3)
+    hh = h.clone().requires_grad_()
+    log_probs, _ = tf.FusedLinearForPPOFunction.apply(hh, w, ids, 1.0, 512)
+    log_probs.sum().backward()
+    hv = h.clone().requires_grad_()
+    VERLS.apply(hv, w, ids, 1.0, 512)[0].sum().backward()
+    assert torch.equal(hh.grad, hv.grad)  # no entropy term: bit for bit
+
+
+def test_switching_back_restores_verls_function():
+    patched = tf.FusedLinearForPPOFunction
+    try:
+        verl_patches.float32_fused_entropy(False)
+        assert tf.FusedLinearForPPOFunction is VERLS
+        verl_patches.float32_fused_entropy()
+        verl_patches.float32_fused_entropy()  # idempotent: no patch of the patch
+        assert tf.FusedLinearForPPOFunction._stapo_original is VERLS
+    finally:
+        tf.FusedLinearForPPOFunction = patched
+
+
+def test_entropies_that_tie_in_bfloat16_are_silenced_as_the_rule_says():
+    """All tokens are candidates (Â > 0, p ≈ 1/1024 < τ_p) with entropies within a hundredth of ln 1024 (the
+    random model of the GPU smoke): in float32 nearly all distinct, and the rule silences ⌈q(k−1)⌉ of k; rounded to
+    bfloat16, as verl 0.9.1 returned them, they take two values, tie with τ_h and are kept."""
+    h, w, ids = inputs(tokens=933, hidden=64, spread=0.02)
+    log_probs, entropy = tf.FusedLinearForPPO()(h, w, ids)
+    k = entropy.numel()
+    assert entropy.unique().numel() > 0.9 * k and entropy.bfloat16().unique().numel() <= 2
+    assert (log_probs < math.log(0.002)).all()
+    args = (torch.ones(1, k), torch.ones(1, k, dtype=torch.int64))
+    _, stats = s2t_mask(log_probs[None], entropy[None], *args)
+    assert stats["candidates"] == k and stats["masked"] == math.ceil(0.75 * (k - 1)) == stats["expected_masked"]
+    verls_log_probs, verls_entropy = VERLS.apply(h, w, ids, 1.0, 512)
+    _, tied = s2t_mask(verls_log_probs[None], verls_entropy[None], *args)
+    assert tied["candidates"] == k and tied["masked"] < 0.1 * stats["masked"]
