@@ -65,6 +65,21 @@ def small_samples():
     )
 
 
+def test_token_stats_in_micro_batches_equal_one_sequence_at_a_time(setup):
+    """Padded micro-batches (right padding, attention mask) give each response's own log π and entropy."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(setup[0] / "model", dtype=torch.float32)
+    samples = small_samples()
+    probe.token_stats(model, samples)
+    for r, response in enumerate(samples.responses):
+        ids = torch.tensor([samples.prompts[r] + response])
+        log_probs = model(input_ids=ids).logits[0, len(samples.prompts[r]) - 1 : -1].float().log_softmax(-1)
+        expected = log_probs.gather(-1, torch.tensor(response)[:, None])[:, 0]
+        assert torch.allclose(samples.log_probs[r], expected.detach(), atol=1e-5)
+        assert torch.allclose(samples.entropy[r], -(log_probs.exp() * log_probs).sum(-1).detach(), atol=1e-5)
+
+
 def test_counts_per_pool_on_hand_set_statistics():
     samples = small_samples()
     groups = probe.pools(samples, n=2, mini_batch=1)
@@ -85,8 +100,7 @@ def test_masked_gradients_equal_autograd_of_the_masked_loss(setup):
     root, _ = setup
     model = AutoModelForCausalLM.from_pretrained(root / "model", dtype=torch.float32)
     samples = small_samples()
-    for r, ids in enumerate(samples.responses):  # the model's own statistics of these tokens
-        samples.log_probs[r], samples.entropy[r] = probe.token_stats(model, samples.prompts[r], ids)
+    probe.token_stats(model, samples)  # the model's own statistics of these tokens
     samples.log_probs[0][0] = samples.log_probs[0][2] = -9.0  # two candidates in pool 0 whatever the model says
     rows = [0, 1, 2, 3]
     result = probe.gradient_test(model, samples, [rows], tau_p=0.002, q=0.75, seed=0)["pools"][0]

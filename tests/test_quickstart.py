@@ -6,6 +6,7 @@ advantages by hand, then stapo.s2t.s2t_mask on the padded batch.
 
 import math
 import os
+import random
 import re
 import subprocess
 import sys
@@ -41,6 +42,34 @@ def test_task_is_deterministic_disjoint_and_correct():
         assert compute_score(task.DATA_SOURCE, problem.solution, str(problem.answer + 1))["score"] == 0.0
     with pytest.raises(ValueError, match="fewer than"):
         task.generate(n_train=700, n_val=100)
+
+
+@pytest.mark.parametrize("difficulty", sorted(task.WORD_LEVELS))
+def test_word_problems_are_right_distinct_and_as_hard_as_asked(difficulty):
+    """Every worked solution's sums are right and end in the boxed answer; the splits are disjoint; the level sets
+    the number of steps (sentences between the first and the question) and a multiplication from level 4."""
+    splits = task.generate_word(seed=1, n_train=300, n_val=50, difficulty=difficulty)
+    assert splits == task.generate_word(seed=1, n_train=300, n_val=50, difficulty=difficulty)
+    assert not {p.question for p in splits["train"]} & {p.question for p in splits["validation"]}
+    for problem in splits["train"][:100]:
+        for a, op, b, c in re.findall(r"(\d+) ([-+*]) (\d+) = (\d+)", problem.solution):
+            assert {"+": int(a) + int(b), "-": int(a) - int(b), "*": int(a) * int(b)}[op] == int(c) >= 0
+        assert problem.solution.count("=") == {1: 1, 2: 1, 3: 2, 4: 2, 5: 3}[difficulty]
+        assert ("*" in problem.solution) == (difficulty >= 4)
+        assert compute_score(task.WORD_DATA_SOURCE, problem.solution, str(problem.answer))["score"] == 1.0
+    with pytest.raises(ValueError, match="difficulty must be one of"):
+        task.word_problem(random.Random(0), 6)
+
+
+def test_the_task_command_writes_both_splits(tmp_path, capsys):
+    task.main(["word", "--difficulty", "3", "--out", str(tmp_path / "w"), "--train", "20", "--val", "5"])
+    rows = pq.read_table(tmp_path / "w" / "train.parquet").to_pylist()
+    assert len(rows) == 20 and {r["data_source"] for r in rows} == {task.WORD_DATA_SOURCE}
+    assert "validation.parquet: 5 problems" in capsys.readouterr().out
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(SystemExit):
+        task.main(["word", "--out", str(tmp_path / "file")])
+    assert "a file is in the way" in capsys.readouterr().err
 
 
 def test_parquet_matches_the_data_schema(tmp_path):

@@ -94,15 +94,16 @@ def sample_hf(model, tokenizer, prompts: list[list[int]], n: int, max_tokens: in
 
 
 @torch.no_grad()
-def token_stats(model, prompt: Sequence[int], response: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """float32 log π of each response token given what precedes it, and the entropy of that distribution."""
-    device = next(model.parameters()).device
-    ids = torch.tensor([list(prompt) + list(response)], device=device)
-    logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
-    log_probs = logits.log_softmax(-1)
-    entropy = -(log_probs.exp() * log_probs).sum(-1)
-    targets = torch.tensor(list(response), device=device)
-    return log_probs.gather(-1, targets[:, None])[:, 0].cpu(), entropy.cpu()
+def token_stats(model, samples: Samples) -> None:
+    """Fill ``samples.log_probs`` and ``samples.entropy``: float32 log π of each response token given what precedes
+    it, and the entropy of that distribution (micro-batches of padded sequences)."""
+    rows = list(range(len(samples.responses)))
+    samples.log_probs, samples.entropy = [None] * len(rows), [None] * len(rows)
+    for batch in _micro_batches(samples, rows):
+        for i, logits, targets in _response_logits(model, samples, rows, *batch):
+            log_probs = logits.log_softmax(-1)
+            samples.log_probs[i] = log_probs.gather(-1, targets[:, None])[:, 0].cpu()
+            samples.entropy[i] = -(log_probs.exp() * log_probs).sum(-1).cpu()
 
 
 def collect(model, tokenizer, rows: list[dict], sampled: list[list[tuple]]) -> Samples:
@@ -119,10 +120,9 @@ def collect(model, tokenizer, rows: list[dict], sampled: list[list[tuple]]) -> S
                           "data_source": row["data_source"]})  # fmt: skip
             groups.append(i)
     scores = [float(r["score"]) for r in grade_many(items)]
-    stats = [token_stats(model, p, r) for p, r in zip(prompts, responses)]
-    return Samples(
-        prompts, responses, scores, truncated, group_advantages(scores, groups), *map(list, zip(*stats, strict=True))
-    )
+    samples = Samples(prompts, responses, scores, truncated, group_advantages(scores, groups), [], [])
+    token_stats(model, samples)
+    return samples
 
 
 def pools(samples: Samples, n: int, mini_batch: int) -> list[list[int]]:
