@@ -40,6 +40,9 @@ from stapo.tools.io import DataFileError, read_parquet, write_atomic
 from stapo.tools.reward import grade_many
 
 TAU_PS = (0.002, 0.005, 0.01, 0.02)
+KV_CACHE = 4 << 30
+"""vLLM's KV cache for the probe's samples (bytes): about 180k tokens of SmolLM2 (23 KB a token), a few hundred
+sequences at once."""
 MIN_POOL = 20
 """The median quantile pool must hold this many candidates for a τ_p to be chosen."""
 
@@ -70,7 +73,11 @@ def sample_vllm(model: Path, prompts: list[list[int]], n: int, max_tokens: int, 
     """``n`` samples of each prompt at temperature 1 with vLLM: lists of (token ids, truncated)."""
     from vllm import LLM, SamplingParams
 
-    llm = LLM(model=str(model), seed=seed, gpu_memory_utilization=0.3, enforce_eager=True)  # starts in seconds
+    # eager: starts in seconds. A given KV-cache size: vLLM skips its free-memory profiling, which fails when another
+    # process on the GPU frees memory meanwhile (seen on an H200 beside a finishing verl run, vLLM 0.24)
+    llm = LLM(
+        model=str(model), seed=seed, gpu_memory_utilization=0.3, enforce_eager=True, kv_cache_memory_bytes=KV_CACHE
+    )
     params = SamplingParams(n=n, temperature=1.0, top_p=1.0, max_tokens=max_tokens)
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
     return [[(list(o.token_ids), o.finish_reason == "length") for o in out.outputs] for out in outputs]
