@@ -1,12 +1,31 @@
 #!/usr/bin/env bash
 # End-to-end check of the two cluster launchers on this one machine, without GPUs (run as root on Debian):
-#   bash scripts/check_launchers.sh
+#   bash scripts/check_launchers.sh [--yes]      (--help: what it does and changes)
 # (a) a local Ray head (`ray start --head`): scripts/ray_job.sh submits a run that must reach the training's
 #     preflight inside the cluster ("needs N GPUs; the Ray cluster at ... has 0"), and its error paths;
 # (b) a one-node Slurm (slurm-wlm and munge, installed with apt-get if missing; /etc/slurm/slurm.conf written for
 #     this machine if there is none): scripts/slurm.sbatch starts Ray, waits for the node, and reaches the same line.
 # Tiny local data and model files stand in for the real ones, so that only the GPU check fails. Prints PASS/FAIL per
 # check, exits 1 on any failure; stops the Ray heads and the Slurm daemons it started and removes its files.
+usage() {
+  cat <<'USAGE'
+usage: bash scripts/check_launchers.sh [--yes]
+Checks scripts/ray_job.sh against a local Ray head and scripts/slurm.sbatch under a one-node Slurm, on this machine,
+without GPUs; prints PASS/FAIL per check and exits 1 on any failure.
+It changes the system (as root, on Debian): installs slurm-wlm and munge with apt-get if they are missing, writes
+/etc/slurm/slurm.conf if there is none, creates /etc/munge/munge.key if there is none, and starts munged, slurmctld
+and slurmd (those it started are stopped at the end; packages and files stay). It lists these and asks first.
+  --yes      do not ask (CI, scripts)
+  -h, --help this text
+USAGE
+}
+assume_yes=
+case "$#:${1-}" in
+  0:) ;;
+  1:--yes | 1:-y) assume_yes=1 ;;
+  1:-h | 1:--help) usage; exit 0 ;;
+  *) usage >&2; exit 2 ;;
+esac
 set -uo pipefail
 cd "$(dirname "$0")/.."
 [ -n "${VIRTUAL_ENV-}" ] || [ ! -f .venv/bin/activate ] || source .venv/bin/activate
@@ -68,6 +87,23 @@ PartitionName=debug Nodes=$host Default=YES MaxTime=INFINITE State=UP
 CONF
 }
 
+system_changes() {  # what slurm_up will change on this machine, one line each (nothing: no output)
+  command -v slurmctld slurmd sbatch munged >/dev/null || echo "  apt-get install slurm-wlm munge"
+  [ -f /etc/slurm/slurm.conf ] || echo "  write /etc/slurm/slurm.conf (one node: this machine, no GPUs)"
+  [ -s /etc/munge/munge.key ] || echo "  create /etc/munge/munge.key"
+  local name
+  for name in munged slurmctld slurmd; do pgrep -x $name >/dev/null || echo "  start $name (stopped at the end)"; done
+}
+
+confirm_changes() {  # 0 if there is nothing to change, --yes was given, or the user agrees
+  local changes; changes=$(system_changes)
+  [ -z "$changes" ] || [ -n "$assume_yes" ] && return 0
+  printf 'For part (b) this script will change the system:\n%s\n' "$changes"
+  [ -t 0 ] || { echo "FAIL  not asked (no terminal): run with --yes to allow these changes"; return 1; }
+  local answer; read -r -p "Proceed? [y/N] " answer
+  [[ $answer == [yY]* ]]
+}
+
 slurm_up() {  # install, configure and start munged, slurmctld, slurmd (no systemd); 0 once a job step runs
   local name
   for name in munged slurmctld slurmd; do  # not running yet: stop it at the end, even if apt-get starts it
@@ -92,6 +128,8 @@ slurm_up() {  # install, configure and start munged, slurmctld, slurmd (no syste
   done
   sinfo -R; return 1
 }
+
+confirm_changes || { echo "FAIL  stopped before any check: the system was not to be changed"; exit 1; }
 
 # Tiny stand-ins: a one-problem verl parquet for data.train_files/val_files, a model folder with a config.json.
 echo '{"problem": "What is 1+1?", "answer": "2", "id": "1"}' >"$tmp/aime24.jsonl"

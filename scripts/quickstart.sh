@@ -5,6 +5,15 @@
 # Without one: warm-up on the CPU and the S2T mask on the warmed-up model's own rollouts (no RL training).
 # PYTHON selects the interpreter (default: python3). docs/quickstart.md describes the outputs.
 set -euo pipefail
+case "${1-}" in
+  -h | --help)
+    sed -n '2,6s/^# \{0,1\}//p' "$0"
+    echo
+    exec "${PYTHON:-python3}" -m stapo.quickstart --help ;;
+  -*) echo "error: the first argument is the output folder (default outputs/quickstart), not $1; options follow it:" \
+        "bash scripts/quickstart.sh OUT $*" >&2
+      exit 2 ;;
+esac
 out=${1:-outputs/quickstart}
 shift $(($# > 0 ? 1 : 0))
 python=${PYTHON:-python3}

@@ -6,9 +6,16 @@
 # Example: bash scripts/train.sh stapo qwen3_8b trainer.nnodes=1 stapo.tau_p=0.001
 set -euo pipefail
 python=${PYTHON:-python3}
-if [ $# -lt 2 ] || [ "$1" = -h ] || [ "$1" = --help ]; then
+if [ $# -ge 1 ] && { [ "$1" = -h ] || [ "$1" = --help ]; }; then
+  exec "$python" -m stapo.train --help
+fi
+if [ $# -eq 1 ]; then
+  sizes=$(cd "$(dirname "$0")/../configs/size" 2>/dev/null && ls *.yaml | sed 's/\.yaml$//' | paste -sd' ')
+  echo "error: SIZE is missing: bash scripts/train.sh $1 SIZE [KEY=VALUE ...], SIZE one of: ${sizes:-see --help}" >&2
+  exit 2
+fi
+if [ $# -lt 2 ]; then
   "$python" -m stapo.train --help
-  [ $# -ge 1 ] && { [ "$1" = -h ] || [ "$1" = --help ]; } && exit 0
   exit 2
 fi
 method=$1 size=$2

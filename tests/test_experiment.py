@@ -11,12 +11,10 @@ import shutil
 import statistics
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import ray
 from hydra import compose, initialize_config_dir
-from ray._common.utils import get_ray_address_file
 from verl.utils.tracking import FileLogger
 
 from stapo.config import CONFIG_DIR
@@ -47,7 +45,7 @@ sys.exit(int(sys.argv[2]))
 """
 
 
-def test_launch_runs_each_run_in_a_cluster_of_its_own(tmp_path, monkeypatch):
+def test_launch_runs_each_run_in_a_cluster_of_its_own(tmp_path, monkeypatch, foreign_ray_ignored):
     """A stub stands in for the training command (verl's trainer needs GPUs); the Ray clusters are real, each with
     one GPU declared to Ray (``ray start --num-gpus=1``), as the experiment starts them on a GPU machine. Runs at the
     same time must not share a cluster (verl's TransferQueue) nor a Ray job id (verl's weight-transfer socket)."""
@@ -80,11 +78,10 @@ def test_launch_runs_each_run_in_a_cluster_of_its_own(tmp_path, monkeypatch):
     assert (tmp_path / "runs" / "stapo-s0" / "exit_code").read_text() == "1\n"
     assert (tmp_path / "runs" / "justrl-s0" / "ray.log").is_file()  # each run's cluster logs beside it
     assert not (tmp_path / "runs" / "grpo-s0" / "train.log").exists()
-    assert preflight.local_ray_clusters() == [], "a run's Ray cluster was left running"
-    assert not Path(get_ray_address_file(None)).exists()  # else a later local ray.init() would look for it
+    foreign_ray_ignored("a run's Ray cluster was left running")  # and no address file a local ray.init() would read
 
 
-def test_a_run_whose_cluster_cannot_start_fails_alone(tmp_path, monkeypatch):
+def test_a_run_whose_cluster_cannot_start_fails_alone(tmp_path, monkeypatch, foreign_ray_ignored):
     """A run whose cluster does not number this process's job as planned, twice (on fresh heads), is recorded as
     failed; the run beside it trains on. The heads are real; the failure is forced in :func:`claim_job`."""
     claim = ex.claim_job
@@ -104,10 +101,10 @@ def test_a_run_whose_cluster_cannot_start_fails_alone(tmp_path, monkeypatch):
     assert codes == {"justrl-s0": 0, "stapo-s0": 1} and len(set(tries)) == 2  # once more on another head
     assert (tmp_path / "runs" / "stapo-s0" / "exit_code").read_text() == "1\n"
     assert "job 02000000" in (tmp_path / "runs" / "justrl-s0" / "train.log").read_text()
-    assert preflight.local_ray_clusters() == [], "a run's Ray cluster was left running"
+    foreign_ray_ignored("a run's Ray cluster was left running")
 
 
-def test_a_second_run_beside_a_running_cluster_is_refused(tmp_path, monkeypatch):
+def test_a_second_run_beside_a_running_cluster_is_refused(tmp_path, monkeypatch, foreign_ray_ignored):
     """Two local clusters on one machine share verl's weight-transfer socket, and two jobs of one cluster share
     verl's TransferQueue: the preflight refuses a local run beside a cluster, and a run given RAY_ADDRESS where a
     TransferQueue controller lives (an actor of that name stands in for a verl run's; the GPU count is stubbed: this
@@ -141,7 +138,7 @@ def test_a_second_run_beside_a_running_cluster_is_refused(tmp_path, monkeypatch)
                 break
         else:
             pytest.fail("the cluster was still taken for busy after the controller's job ended")
-    assert preflight.local_ray_clusters() == []
+    foreign_ray_ignored()
 
 
 def test_the_preflight_looks_for_the_controller_that_transfer_queue_starts():
@@ -204,7 +201,7 @@ def test_bad_options_stop_before_any_work(tmp_path, monkeypatch):
     assert not out.exists()
 
 
-def test_runs_per_gpu_interleave_the_gpus(tmp_path, monkeypatch):
+def test_runs_per_gpu_interleave_the_gpus(tmp_path, monkeypatch, foreign_ray_ignored):
     """``--runs-per-gpu 2`` over GPUs 0 and 1: four slots, the GPUs taken in turn (the runs start in that order, so
     three runs use both GPUs), named as CUDA_VISIBLE_DEVICES names them (the Ray heads are started with them)."""
     monkeypatch.setattr(ex.torch.cuda, "device_count", lambda: 2)  # stubbed: this machine has no GPU
@@ -416,13 +413,13 @@ def test_summary_compares_methods_at_the_steps_every_run_reached(tmp_path, monke
         assert (tmp_path / "plots" / f"{name}.png").stat().st_size > 1000
 
 
-def test_a_cluster_that_is_ending_is_waited_for(monkeypatch):
+def test_a_cluster_that_is_ending_is_waited_for(monkeypatch, foreign_ray_ignored):
     """Scripts run several trainings in a row (the quickstart, the GPU smoke): the previous run's local cluster may
     still be shutting down when the next run's preflight looks. A real one ends with its driver; the waiting itself
     is shown with a listing of GCS servers that empties after two looks."""
-    code = "import ray; ray.init(num_cpus=1, include_dashboard=False)"
+    code = "import ray; ray.init(address='local', num_cpus=1, include_dashboard=False)"  # never a running cluster
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, timeout=120)
-    assert preflight.local_ray_clusters() == []
+    foreign_ray_ignored()
     listings = iter([[4242], [4242], []])
     monkeypatch.setattr(preflight, "_gcs_servers", lambda: next(listings))
     assert preflight.local_ray_clusters(wait_s=5) == []

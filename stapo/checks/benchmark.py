@@ -432,6 +432,8 @@ def main() -> None:
     gpu.add_argument("--response-length", type=int, default=64)
     gpu.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="further Hydra overrides of the run")
     args = parser.parse_args()
+    if args.what != "mask" and not torch.cuda.is_available():
+        parser.exit(2, f"error: benchmark {args.what} runs on a CUDA GPU and none is visible; `mask` runs on the CPU\n")
     if args.what == "mask":
         result = bench_mask(args.responses, args.length, args.repeats)
     elif args.what == "attention":

@@ -33,6 +33,7 @@ from pathlib import Path
 from stapo.config import StapoConfig
 from stapo.quickstart.tiny import tiny_run_overrides
 from stapo.s2t import distinct_silenced
+from stapo.tools.io import output_problem
 from stapo.tools.io import read_jsonl as _read_jsonl
 
 S2T_METRICS = ("s2t/candidate_frac", "s2t/spurious_frac", "s2t/grad_bound/spurious_share")
@@ -213,6 +214,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--methods", default="justrl,stapo,stapo_current")
     args = parser.parse_args()
+    import torch
+
+    if torch.cuda.device_count() < args.gpus:
+        parser.exit(2, f"error: --gpus {args.gpus}: {torch.cuda.device_count()} CUDA GPU(s) visible; the smoke trains "
+                       "with verl, vLLM and FSDP on GPUs (without one: bash scripts/quickstart.sh)\n")  # fmt: skip
+    if problem := output_problem(args.out, "folder"):
+        parser.exit(2, f"error: {problem}\n")
     args.out.mkdir(parents=True, exist_ok=True)
     model, data = build_assets(args.out)
     failed = False

@@ -66,8 +66,13 @@ def main() -> None:
     args = parser.parse_args()
     if args.what == "model":
         print(build(args.shape, args.tokenizer, args.out, args.device))
-    else:
+        return
+    from stapo.tools.report import ReportError
+
+    try:
         print(summary(args.metrics))
+    except ReportError as error:
+        parser.exit(2, f"error: {error}\n")
 
 
 if __name__ == "__main__":

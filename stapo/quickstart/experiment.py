@@ -60,7 +60,7 @@ from stapo.quickstart.run import (
 from stapo.quickstart.task import task_paths
 from stapo.quickstart.tiny import replace_overrides
 from stapo.tools.inspect_tokens import group_advantages
-from stapo.tools.io import write_atomic
+from stapo.tools.io import follow_umask, write_atomic
 from stapo.tools.report import VALIDATION, ReportError, band, plot_runs, read_metrics
 from stapo.train.preflight import local_cluster_problems
 
@@ -631,6 +631,7 @@ def warm_model(args: argparse.Namespace, device: str = "cuda") -> Path:
         split = warm.splits["train"]
         warmup(warm.model, warm.tokenizer, split, args.warmup_steps, args.batch_size, args.lr, args.seed + rounds)
         warm.model.save_pretrained(warm.folder)
+        follow_umask(warm.folder)
     torch.use_deterministic_algorithms(False)
     digest, folder = weights_digest(warm.model), warm.folder
     del warm  # the runs' vLLM engines measure the GPU's free memory: this process keeps none

@@ -38,6 +38,7 @@ from stapo.quickstart import task
 from stapo.quickstart.tiny import replace_overrides, tiny_run_overrides
 from stapo.tools.data import make_prompt, write_parquet
 from stapo.tools.inspect_tokens import Rollout, format_token, grpo_advantages, silenced_tokens, token_stats
+from stapo.tools.io import follow_umask
 from stapo.tools.report import read_metrics
 from stapo.tools.reward import compute_score
 
@@ -388,6 +389,7 @@ def prepare(args: argparse.Namespace, device: str) -> Warm:
     folder = args.out / "warmup"
     model.save_pretrained(folder)  # float32, as stapo.quickstart.tiny saves the random model
     tokenizer.save_pretrained(folder)
+    follow_umask(folder)
     print(
         f"warm-up: {args.warmup_steps} steps on {device}, loss {losses[0]:.3f} -> {losses[-1]:.3f} "
         f"({time.time() - start:.0f} s since start); sampled accuracy (T = 1.0) on {len(problems)} validation "

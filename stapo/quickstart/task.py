@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from stapo.tools.data import make_prompt, write_parquet
+from stapo.tools.io import output_problem
 
 DATA_SOURCE = "stapo_arith"
 """``data_source`` of the ``arith`` task's rows."""
@@ -170,8 +171,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--val", type=int, default=500)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    if args.out.exists() and not args.out.is_dir():
-        parser.error(f"--out {args.out}: a file is in the way; name a folder")
+    if problem := output_problem(args.out, "folder"):
+        parser.error(problem)
     try:
         if args.task == "word":
             splits = generate_word(args.seed, args.train, args.val, args.difficulty)

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
+from stapo.tools.io import follow_umask
+
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 # Qwen's chat template without tools or thinking: what verl applies to every prompt.
@@ -109,6 +111,7 @@ def build_model(
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
+    follow_umask(out_dir)  # safetensors writes the weights 0600
     return model
 
 

@@ -24,7 +24,7 @@ import torch
 
 from stapo.quickstart import task
 from stapo.quickstart.run import warmup
-from stapo.tools.io import follow_umask, read_parquet, write_atomic
+from stapo.tools.io import follow_umask, model_folder_problems, output_problem, read_parquet, write_atomic
 
 
 def excluded_questions(paths: list[Path]) -> set[str]:
@@ -66,15 +66,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    problems = [f"--model {args.model}: no config.json"] if not (args.model / "config.json").is_file() else []
+    problems = model_folder_problems(args.model)
     problems += [f"--exclude {p}: no such file" for p in args.exclude if not p.is_file()]
     problems += [
         f"--levels {x}: not one of {sorted(task.WORD_LEVELS)}" for x in args.levels if x not in task.WORD_LEVELS
     ]
     if sorted(set(args.steps)) != args.steps or args.steps[0] < 1:
         problems.append(f"--steps {args.steps}: give increasing positive step counts")
-    if args.out.exists() and not args.out.is_dir():
-        problems.append(f"--out {args.out}: a file is in the way; name a folder")
+    problems += [p for p in [output_problem(args.out, "folder")] if p]
     if problems:
         raise SystemExit("\n".join(f"error: {p}" for p in problems))
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -28,7 +28,7 @@ from typing import NamedTuple
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from stapo.tools.io import DataFileError, parquet_columns, write_atomic
+from stapo.tools.io import DataFileError, output_problem, parquet_columns, write_atomic
 from stapo.tools.reward import extract_boxed, normalize_answer
 
 INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
@@ -490,6 +490,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             help="allow fewer rows than the benchmark's known size or than the file replaced",
         )  # fmt: skip
     args = parser.parse_args(argv)
+    if problem := output_problem(args.out, "folder"):
+        parser.exit(2, f"error: {problem}\n")
     try:
         if args.command == "train":
             reports, ignored = [prepare_train(args.local, args.out, args.skip_invalid, args.partial)], []

@@ -32,7 +32,14 @@ from typing import NamedTuple
 
 from stapo.config import methods, sizes
 from stapo.tools.data import BENCHMARKS, DEFAULT_OUT
-from stapo.tools.io import DataFileError, append_atomic, read_parquet, write_atomic
+from stapo.tools.io import (
+    DataFileError,
+    append_atomic,
+    model_folder_problems,
+    output_problem,
+    read_parquet,
+    write_atomic,
+)
 from stapo.tools.reward import grade_many
 
 
@@ -479,11 +486,13 @@ def plan_runs(args: argparse.Namespace) -> list[Run]:
         if given is not None and len(given) != len(models):
             raise EvalError(f"--{option}: give one value per --model ({len(models)}), got {len(given)}")
     for model in models:
-        if not (model / "config.json").is_file():
+        for problem in model_folder_problems(model, str(model)):
             raise EvalError(
-                f"{model}: no config.json; pass a Hugging Face model folder (for verl checkpoints, "
-                "the merged `huggingface` folder or the output of `python -m verl.model_merger merge`)"
-            )
+                problem + (" (for verl checkpoints, the merged `huggingface` folder or the output of `python -m "
+                           "verl.model_merger merge`)" if problem.endswith("model folder") else "")
+            )  # fmt: skip
+    if problem := output_problem(args.out, "folder"):
+        raise EvalError(problem)
     labels = args.label or [default_label(m) for m in models]
     if len(set(labels)) != len(labels):
         raise EvalError(f"runs would share an output folder ({', '.join(labels)}); name them with --label")

@@ -25,7 +25,7 @@ import torch
 
 from stapo.config import StapoConfig
 from stapo.s2t import s2t_mask
-from stapo.tools.io import DataFileError, read_jsonl, write_atomic
+from stapo.tools.io import DataFileError, model_folder_problems, output_problem, read_jsonl, write_atomic
 
 EVAL_KEYS = ("benchmark", "problem_id", "sample", "prompt", "response", "score")
 DUMP_KEYS = ("input", "output", "score")
@@ -207,9 +207,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", type=Path, help="write every silenced token to this JSONL file")
     args = parser.parse_args(argv)
+    problems = model_folder_problems(args.model) + [p for p in [args.out and output_problem(args.out, "file")] if p]
+    if problems:
+        parser.exit(2, "".join(f"error: {p}\n" for p in problems))
     try:
-        if not (args.model / "config.json").is_file():
-            raise InspectError(f"{args.model}: no config.json; pass a Hugging Face model folder")
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(args.model)

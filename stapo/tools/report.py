@@ -30,7 +30,7 @@ from pathlib import Path
 from stapo.config import methods, sizes, title
 from stapo.tools.data import BENCHMARKS
 from stapo.tools.evaluate import PRESETS, SUMMARY_FILE
-from stapo.tools.io import segments, write_atomic
+from stapo.tools.io import output_problem, segments, write_atomic
 
 BENCHMARK_TITLES = ("AIME24", "AIME25", "AMC23", "MATH500", "Minerva", "Olympiad")
 SOURCES = ("paper", "ours")
@@ -409,6 +409,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         command.add_argument("--out", type=Path, default=DEFAULT_REPORT, help=f"output folder ({DEFAULT_REPORT})")
     args = parser.parse_args(argv)
     try:
+        if problem := output_problem(args.out, "folder"):
+            raise ReportError(problem)
         if args.command == "table":
             if not args.summaries and not args.paper:
                 raise ReportError("nothing to tabulate: pass summary files/folders, --paper, or both")

@@ -22,7 +22,7 @@ from omegaconf import DictConfig, open_dict
 
 from stapo.config import TRAINER_MODE, StapoConfig, StapoConfigError
 from stapo.tools.data import REQUIRED_COLUMNS
-from stapo.tools.io import DataFileError, parquet_columns
+from stapo.tools.io import DataFileError, model_folder_problems, parquet_columns
 from stapo.train import attention
 
 PLUGIN_ENTRY_POINT = "stapo"
@@ -249,10 +249,8 @@ def _model_problems(config: DictConfig) -> list[str]:
             continue
         path = Path(str(value)).expanduser()
         if path.exists():
-            if not (path / "config.json").is_file() and key == "path":
-                found.append(
-                    f"actor_rollout_ref.model.path={value}: no config.json in it; pass a Hugging Face model folder"
-                )
+            if key == "path":
+                found += model_folder_problems(path, f"actor_rollout_ref.model.path={value}")
         elif not _HUB_ID.fullmatch(str(value)):
             found.append(
                 f"actor_rollout_ref.model.{key}={value}: no such folder, and not a Hugging Face hub id (ORG/NAME)"

@@ -10,6 +10,13 @@
   tests/test_verl_patches.py, timed by ``python -m stapo.checks.benchmark actor``). Remove it when verl's kernel
   returns float32 entropies (tests/test_verl_patches.py checks verl's own function and fails once it does).
 
+* :func:`quiet_import_notices` -- importing verl 0.9.1 on a machine without its optional engines and accelerator
+  prints 12 lines (five ``UserWarning`` "<engine> engine is not available" from ``verl/workers/engine/__init__.py``,
+  two "No supported accelerator detected" / "registered but not available" log records from
+  ``verl/plugin/platform/platform_manager.py``) before the driver can say anything. ``python -m stapo.train`` hides
+  them, so that a refused config is one line per problem; an error of verl's own still prints. Remove it when verl
+  imports quietly (tests/test_configs.py's entry-point test shows the lines again).
+
 The other paths the recipe can select give float32 entropies already: verl's triton kernel
 (``fused_kernel_options.impl_backend: triton``), the unfused path (softmax and logsumexp run in float32 under CUDA
 autocast), and ``entropy_from_logits_with_chunking``. Every run checks what reaches the mask
@@ -18,7 +25,13 @@ autocast), and ``entropy_from_logits_with_chunking``. Every run checks what reac
 
 from __future__ import annotations
 
+import logging
+import warnings
+
 import torch
+
+_ENGINES = r"(torchtitan|veomni|automodel|mindspeed|megatron) engine is not available"
+_PLATFORM_LOGGER = "verl.plugin.platform.platform_manager"
 
 
 def _log_probs_and_entropy(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -81,3 +94,10 @@ def float32_fused_entropy(enable: bool = True) -> None:
         patched = _float32_entropy_function()
         patched._stapo_original = original
         tf.FusedLinearForPPOFunction = patched
+
+
+def quiet_import_notices() -> None:
+    """Hide verl's import-time notices about engines and accelerators a run does not use (module docstring); call
+    before verl is imported. Its logger resets its own level on import, so a filter does the work."""
+    warnings.filterwarnings("ignore", message=_ENGINES, category=UserWarning)
+    logging.getLogger(_PLATFORM_LOGGER).addFilter(lambda record: record.levelno >= logging.ERROR)

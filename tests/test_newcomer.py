@@ -1,0 +1,102 @@
+"""What a new user meets first (issue 27): every command's misuse is one clear line naming the option or file and
+the fix, before any work; nothing is left behind by a refused command; outputs are readable like any other file."""
+
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from stapo.tools.io import model_folder_problems, output_problem
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(*args, cwd, timeout=240):
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "CUDA_VISIBLE_DEVICES")}
+    env["CUDA_VISIBLE_DEVICES"] = ""  # GPU checks see no GPU, also on a GPU machine
+    return subprocess.run([*args], capture_output=True, text=True, cwd=cwd, timeout=timeout, env=env)
+
+
+def tree(folder: Path) -> set[str]:
+    return {str(p.relative_to(folder)) for p in folder.rglob("*")}
+
+
+@pytest.fixture
+def place(tmp_path):
+    """A working directory with a file and a folder where outputs of the other kind are asked for."""
+    (tmp_path / "a-file").write_text("x")
+    (tmp_path / "a-folder").mkdir()
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    "command, expected",
+    [
+        (["-m", "stapo.tools.report", "table", "--paper", "--out", "a-file"], "--out a-file: a file is in the way"),
+        (["-m", "stapo.tools.data", "eval", "--src", "a-folder", "--out", "a-file"], "--out a-file: a file is in"),
+        (["-m", "stapo.checks.scale", "summary", "/missing.jsonl"], "/missing.jsonl: no such file or folder"),
+        (["-m", "stapo.checks.benchmark", "actor", "--out", "b"], "runs on a CUDA GPU and none is visible"),
+        (["-m", "stapo.checks.benchmark", "attention"], "runs on a CUDA GPU and none is visible"),
+        (["-m", "stapo.checks.gpu_smoke", "--out", "s"], "--gpus 1: 0 CUDA GPU(s) visible"),
+        (["-m", "stapo.train", "--config-name=stapo", "stapo.tau_p=5"], "stapo.tau_p=5 is out of range"),
+    ],
+)
+def test_misuse_is_one_line_and_leaves_nothing(place, command, expected):
+    """One line on stderr, a non-zero exit, and no file written (no Hydra outputs/ folder, no half-made output);
+    verl's import-time notices about engines and accelerators are not shown before it."""
+    before = tree(place)
+    out = run(sys.executable, *command, cwd=place)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode != 0 and len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], out
+    assert tree(place) == before
+
+
+def test_a_truncated_or_unreadable_weights_file_is_named(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    header = b'{"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}'
+    (tmp_path / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + bytes(16))
+    assert model_folder_problems(tmp_path) == []
+    (tmp_path / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + bytes(10))
+    (problem,) = model_folder_problems(tmp_path)
+    size, end = 8 + len(header) + 10, 8 + len(header) + 16
+    assert problem == f"{tmp_path / 'model.safetensors'}: truncated ({size:,} of {end:,} bytes); copy it again"
+    (tmp_path / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00not json")
+    (problem,) = model_folder_problems(tmp_path)
+    assert "model.safetensors: not a readable safetensors file" in problem
+    (tmp_path / "config.json").unlink()
+    assert model_folder_problems(tmp_path, "actor_rollout_ref.model.path=X") == [
+        "actor_rollout_ref.model.path=X: no config.json in it; pass a Hugging Face model folder"
+    ]
+    assert output_problem(tmp_path, "folder") is None and "a folder is in the way" in output_problem(tmp_path, "file")
+
+
+def test_train_sh_says_what_is_missing(tmp_path):
+    out = run("bash", str(ROOT / "scripts" / "train.sh"), "stapo", cwd=tmp_path)
+    assert out.returncode == 2 and out.stdout == ""
+    assert (
+        out.stderr.startswith("error: SIZE is missing: bash scripts/train.sh stapo SIZE") and "qwen3_8b" in out.stderr
+    )
+
+
+def test_quickstart_sh_help_is_help(tmp_path):
+    script = str(ROOT / "scripts" / "quickstart.sh")
+    out = run("bash", script, "--help", cwd=tmp_path, timeout=120)
+    assert out.returncode == 0 and "bash scripts/quickstart.sh [OUT] [OPTION ...]" in out.stdout
+    assert "usage: python -m stapo.quickstart" in out.stdout and not (tmp_path / "--help").exists()
+    out = run("bash", script, "--steps", "3", cwd=tmp_path)
+    assert out.returncode == 2 and "the first argument is the output folder" in out.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_model_weights_are_as_readable_as_other_outputs(tmp_path):
+    from stapo.quickstart.tiny import build_model, build_tokenizer
+
+    tok = build_tokenizer(["a b c"] * 5, tmp_path / "m", vocab_size=300)
+    build_model(tok, tmp_path / "m", hidden_size=64, num_layers=1)
+    umask = os.umask(0)
+    os.umask(umask)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (tmp_path / "m").iterdir()}
+    assert modes["model.safetensors"] == 0o666 & ~umask == modes["config.json"], modes
