@@ -21,6 +21,30 @@ _HERE = Path(__file__).resolve().parent
 CONFIG_DIR = next(p for p in (_HERE / "configs", _HERE.parent / "configs") if (p / "base.yaml").is_file())
 """The recipe's Hydra configs: ``stapo/configs`` in an installed wheel, the top-level ``configs/`` in a checkout."""
 
+_QWEN3 = dict(num_key_value_heads=8, head_dim=128, vocab_size=151936)
+QWEN3_SHAPES = {
+    "qwen3_0.6b": dict(_QWEN3, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16),
+    "qwen3_1.7b": dict(_QWEN3, hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16),
+    "qwen3_8b": dict(
+        _QWEN3,
+        hidden_size=4096,
+        intermediate_size=12288,
+        num_hidden_layers=36,
+        num_attention_heads=32,
+        tie_word_embeddings=False,
+    ),
+    "qwen3_14b": dict(
+        _QWEN3,
+        hidden_size=5120,
+        intermediate_size=17408,
+        num_hidden_layers=40,
+        num_attention_heads=40,
+        tie_word_embeddings=False,
+    ),
+}
+"""The Qwen3 base models' shapes (their config.json), for runs at the true size with random weights
+and the cost model (:mod:`stapo.tools.cost`)."""
+
 TRAINER_MODE = "stapo_sync"
 """verl V1 trainer mode of every recipe config (:class:`stapo.train.trainer.STAPOTrainer`)."""
 

@@ -5,7 +5,8 @@
 import pytest
 from transformers import AutoConfig
 
-from stapo.quickstart.tiny import QWEN3_SHAPES, build_model, build_tokenizer
+from stapo.config import QWEN3_SHAPES
+from stapo.quickstart.tiny import build_model, build_tokenizer
 
 SMALL = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2)
 

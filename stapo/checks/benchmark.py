@@ -109,7 +109,7 @@ def bench_actor(args) -> dict:
     from verl.utils.flops_counter import FlopsCounter
     from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
 
-    from stapo.quickstart.tiny import QWEN3_SHAPES
+    from stapo.config import QWEN3_SHAPES
     from stapo.train import attention, verl_patches
 
     attention.register()
@@ -329,7 +329,8 @@ def shape_run_overrides(model: Path, data: Path, out: Path, *, steps: int, promp
 
 def bench_gpu(args) -> dict:
     from stapo.checks.gpu_smoke import build_assets, overrides, read_jsonl
-    from stapo.quickstart.tiny import QWEN3_SHAPES, replace_overrides
+    from stapo.config import QWEN3_SHAPES
+    from stapo.quickstart.tiny import replace_overrides
 
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -418,7 +419,7 @@ def main() -> None:
     sub.add_parser("attention")
     actor = sub.add_parser("actor")
     actor.add_argument("--out", type=Path, required=True)
-    actor.add_argument("--shape", default="qwen3_1.7b", help="a key of stapo.quickstart.tiny.QWEN3_SHAPES")
+    actor.add_argument("--shape", default="qwen3_1.7b", help="a key of stapo.config.QWEN3_SHAPES")
     actor.add_argument("--tokens", type=int, default=32768, help="tokens per micro-batch (the size config's budget)")
     actor.add_argument("--seq", type=int, default=2048, help="tokens per sequence")
     actor.add_argument("--repeats", type=int, default=2, help="timed repeats after one warm-up")

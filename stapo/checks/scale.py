@@ -3,7 +3,7 @@
     python -m stapo.checks.scale model --shape qwen3_8b --tokenizer DIR --out DIR [--device cuda]
     python -m stapo.checks.scale summary METRICS.jsonl [METRICS.jsonl ...]
 
-``model`` saves a randomly initialised Qwen3 of one of the base models' shapes (``stapo.quickstart.tiny.QWEN3_SHAPES``)
+``model`` saves a randomly initialised Qwen3 of one of the base models' shapes (``stapo.config.QWEN3_SHAPES``)
 with the given tokenizer (Qwen's real vocabulary: ``stapo.quickstart.tiny.build_qwen_tokenizer``); a random model
 writes until the response limit, which stresses memory and time like the paper's long responses. ``summary`` prints,
 per step of verl's file-logger JSONL, the phases' seconds, generated tokens per second, the actor's MFU and peak
@@ -34,7 +34,8 @@ COLUMNS = (
 def build(shape: str, tokenizer: Path, out: Path, device: str | None) -> Path:
     from transformers import AutoTokenizer
 
-    from stapo.quickstart.tiny import QWEN3_SHAPES, build_model
+    from stapo.config import QWEN3_SHAPES
+    from stapo.quickstart.tiny import build_model
 
     build_model(AutoTokenizer.from_pretrained(tokenizer), out, device=device, **QWEN3_SHAPES[shape])
     return out

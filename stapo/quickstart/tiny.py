@@ -47,38 +47,14 @@ def build_tokenizer(texts: Iterable[str], out_dir: str | Path, vocab_size: int =
     return hf
 
 
-_QWEN3 = dict(num_key_value_heads=8, head_dim=128, vocab_size=151936)
-QWEN3_SHAPES = {
-    "qwen3_0.6b": dict(_QWEN3, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16),
-    "qwen3_1.7b": dict(_QWEN3, hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16),
-    "qwen3_8b": dict(
-        _QWEN3,
-        hidden_size=4096,
-        intermediate_size=12288,
-        num_hidden_layers=36,
-        num_attention_heads=32,
-        tie_word_embeddings=False,
-    ),
-    "qwen3_14b": dict(
-        _QWEN3,
-        hidden_size=5120,
-        intermediate_size=17408,
-        num_hidden_layers=40,
-        num_attention_heads=40,
-        tie_word_embeddings=False,
-    ),
-}
-"""The Qwen3 base models' shapes (their config.json), for runs at the true size with random weights."""
-
-
 def build_model(
     tokenizer, out_dir: str | Path, hidden_size: int = 256, num_layers: int = 2, seed: int = 0, device=None, **shape
 ):
     """A randomly initialised Qwen3 causal LM sized for ``tokenizer``, saved with the tokenizer to ``out_dir``.
 
-    ``shape`` overrides any ``Qwen3Config`` field (e.g. ``**QWEN3_SHAPES["qwen3_1.7b"]``). The weights are built on
-    the CPU in float32, or with ``device="cuda"`` on a GPU and saved in bfloat16 (seconds instead of minutes, and
-    half the disk, for an 8B model).
+    ``shape`` overrides any ``Qwen3Config`` field (e.g. ``**stapo.config.QWEN3_SHAPES["qwen3_1.7b"]``). The weights
+    are built on the CPU in float32, or with ``device="cuda"`` on a GPU and saved in bfloat16 (seconds instead of
+    minutes, and half the disk, for an 8B model).
     """
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM

@@ -124,9 +124,6 @@ def _gpu_problems(config: DictConfig) -> list[str]:
             f"trainer.nnodes={trainer.nnodes} needs a Ray cluster over those nodes: start one and set "
             "RAY_ADDRESS=HEAD_IP:6379 (scripts/slurm.sbatch does both), or set trainer.nnodes=1"
         ]
-    found = local_cluster_problems()
-    if found:
-        return found
     visible = local_gpus()
     if visible == 0:
         return [
@@ -140,7 +137,7 @@ def _gpu_problems(config: DictConfig) -> list[str]:
             + (f" (CUDA_VISIBLE_DEVICES={shown})" if shown is not None else "")
             + f": set trainer.n_gpus_per_node={visible} or run where the GPUs are"
         ]
-    return []
+    return local_cluster_problems()  # after the GPU count: no GPU is the first thing to fix
 
 
 def local_cluster_problems() -> list[str]:

@@ -1,0 +1,289 @@
+"""What a reproduction costs: a step-time model fitted to the recipe's measured steps, projected to the paper's runs.
+
+    python -m stapo.tools.cost fit
+    python -m stapo.tools.cost project --size qwen3_8b --nodes 2 [--gpu h100 --gpus-per-node 8 --method stapo
+        --steps 3000 --prompts 256 --n 8 --prompt-length 200 --length-start 1000 --length-end 6000 --max-length 15360]
+    python -m stapo.tools.cost table [--nodes 1 2 4]
+
+A step is four stages (verl's ``timing_s``), each with a small physical model and one or two constants fitted to the
+steps in ``measured_steps.json`` (docs/scale.md):
+
+* **generation** (vLLM, memory-bound decoding): each rollout engine of ``tp`` GPUs decodes its share of B responses
+  of mean length L after prompts of P tokens. A decode step reads the weights once, ``k_w · weights / (tp · BW)``,
+  and every token's key-value cache read so far, ``k_kv · kv_bytes · context / (tp · BW)``. The engine holds
+  ``c = min(B, KV capacity / (P + L))`` sequences at once, so it takes ``B·L/c + (L_max − L)`` decode steps (the
+  last sequence runs to ``L_max``) and reads ``B · L · (P + L/2)`` cached tokens in all.
+* **old log-probs** and **update** (FSDP, compute-bound): the step's FLOPs as verl's ``FlopsCounter`` counts them
+  (forward = a third of forward + backward), over ``G · peak · MFU``, with the MFU a linear function of the log of the
+  model's parameters, fitted per stage.
+* **other** (weight sync to vLLM, the driver, rewards): ``c0 + c1 · parameters``.
+
+GRPO adds a reference-policy forward (as long as the old log-probs); STAPO and 20-Entropy add the driver's mask at
+paper scale (0.2 s: docs/performance.md). ``fit`` prints every measured stage next to the model's value; ``project``
+and ``table`` take the paper's settings (3,000 steps of 256 prompts × 8) with the response length growing linearly
+from ``--length-start`` to ``--length-end`` (an assumption: the paper shows its curves, not their values).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from stapo.config import CONFIG_DIR, QWEN3_SHAPES, methods, sizes
+
+MEASURED = Path(__file__).with_name("measured_steps.json")
+GPUS = {  # datasheet: HBM bandwidth (B/s), memory (bytes), dense bf16 (FLOP/s, verl's FlopsCounter table)
+    "h100": {"bandwidth": 3.35e12, "memory": 80e9, "peak": 989e12},
+    "h200": {"bandwidth": 4.8e12, "memory": 141e9, "peak": 989e12},
+}
+STAGES = ("generation", "old_log_prob", "update", "other")
+MASK_S = 0.2
+"""The driver's mask, fold and restore for a paper-scale batch (docs/performance.md: 49-85 ms + 156 ms)."""
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What one step's work is: model size, hardware, parallelism and the step's sequences."""
+
+    size: str
+    gpu: str
+    gpus: int
+    tp: int
+    gpu_memory_utilization: float
+    responses: int
+    prompt_length: float
+    response_length: float
+    max_response_length: float | None = None  # the longest response of the step (default: the mean)
+
+    @property
+    def tail(self) -> float:
+        return max((self.max_response_length or self.response_length) - self.response_length, 0.0)
+
+
+@functools.cache
+def model_facts(size: str) -> dict:
+    """Parameters (tied embeddings once), weight bytes (bfloat16), key-value bytes per token and the config of a
+    Qwen3 shape; the parameters are counted on a model built on the ``meta`` device (no memory)."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    shape = QWEN3_SHAPES[size]
+    config = Qwen3Config(**shape)
+    with torch.device("meta"):
+        parameters = sum(p.numel() for p in Qwen3ForCausalLM(config).parameters())
+    return {
+        "parameters": parameters,
+        "weight_bytes": 2 * parameters,
+        "kv_bytes": 2 * shape["num_hidden_layers"] * shape["num_key_value_heads"] * shape["head_dim"] * 2,
+        "config": config,
+    }
+
+
+def train_flops(shape: Shape) -> float:
+    """Forward + backward FLOPs of the step's sequences, as verl counts them."""
+    from verl.utils.flops_counter import ESTIMATE_FUNC  # FlopsCounter itself asks the GPU for its peak
+
+    config = model_facts(shape.size)["config"]
+    lengths = [round(shape.prompt_length + shape.response_length)] * shape.responses
+    return ESTIMATE_FUNC[config.model_type](config, sum(lengths), lengths, 1.0) * 1e12
+
+
+def generation_terms(shape: Shape) -> tuple[float, float]:
+    """Seconds of weight reads and of key-value reads per engine at the datasheet bandwidth (the model's two terms
+    before the fitted factors)."""
+    facts, gpu = model_facts(shape.size), GPUS[shape.gpu]
+    engines = shape.gpus // shape.tp
+    per_engine = shape.responses / engines
+    bandwidth = shape.tp * gpu["bandwidth"]
+    capacity = (shape.gpu_memory_utilization * gpu["memory"] * shape.tp - facts["weight_bytes"]) / facts["kv_bytes"]
+    concurrent = max(min(per_engine, capacity / (shape.prompt_length + shape.response_length)), 1.0)
+    decode_steps = per_engine * shape.response_length / concurrent + shape.tail
+    cached = per_engine * shape.response_length * (shape.prompt_length + shape.response_length / 2)
+    return facts["weight_bytes"] / bandwidth * decode_steps, facts["kv_bytes"] / bandwidth * cached
+
+
+@dataclass(frozen=True)
+class Fit:
+    k_w: float
+    k_kv: float
+    mfu: dict  # stage -> (a, b): MFU = a + b · ln(parameters / 1e9)
+    other: tuple[float, float]  # seconds = c0 + c1 · parameters / 1e9
+
+    def stage_seconds(self, shape: Shape) -> dict[str, float]:
+        weights, kv = generation_terms(shape)
+        flops, billions = train_flops(shape), model_facts(shape.size)["parameters"] / 1e9
+        peak = shape.gpus * GPUS[shape.gpu]["peak"]
+        seconds = {"generation": self.k_w * weights + self.k_kv * kv}
+        for stage, share in (("old_log_prob", 1 / 3), ("update", 1.0)):
+            a, b = self.mfu[stage]
+            seconds[stage] = share * flops / (peak * (a + b * math.log(billions)))
+        seconds["other"] = self.other[0] + self.other[1] * billions
+        return seconds
+
+
+def load_measured(path: Path = MEASURED) -> list[tuple[Shape, dict]]:
+    """The measured steps: their shapes and the seconds of each stage (``other`` = step − the three stages)."""
+    rows = json.loads(path.read_text())["steps"]
+    fields = Shape.__dataclass_fields__
+    out = []
+    for row in rows:
+        shape = Shape(**{k: row[k] for k in fields if k in row})
+        seconds = {stage: row[f"{stage}_s"] for stage in STAGES[:3]}
+        seconds["other"] = row["step_s"] - sum(seconds.values())
+        out.append((shape, {**seconds, "step": row["step_s"], "name": row["name"]}))
+    return out
+
+
+def fit(measured: list[tuple[Shape, dict]]) -> Fit:
+    """Least squares: the two generation factors on relative error, the MFU lines on the MFUs the measured times
+    imply, the ``other`` line on seconds."""
+    terms = np.array([generation_terms(s) for s, _ in measured])
+    target = np.array([m["generation"] for _, m in measured])
+    k_w, k_kv = np.linalg.lstsq(terms / target[:, None], np.ones(len(target)), rcond=None)[0]
+    logs = np.array([math.log(model_facts(s.size)["parameters"] / 1e9) for s, _ in measured])
+    mfu = {}
+    for stage, share in (("old_log_prob", 1 / 3), ("update", 1.0)):
+        implied = [share * train_flops(s) / (s.gpus * GPUS[s.gpu]["peak"] * m[stage]) for s, m in measured]
+        b, a = np.polyfit(logs, implied, 1)
+        mfu[stage] = (float(a), float(b))
+    billions = [model_facts(s.size)["parameters"] / 1e9 for s, _ in measured]
+    c1, c0 = np.polyfit(billions, [m["other"] for _, m in measured], 1)
+    return Fit(float(k_w), float(k_kv), mfu, (float(c0), float(c1)))
+
+
+@functools.cache
+def fitted() -> Fit:
+    return fit(load_measured())
+
+
+def step_seconds(fit_: Fit, shape: Shape, method: str) -> dict[str, float]:
+    """One step of ``method``: the stages, GRPO's reference forward and the masks' driver time included."""
+    seconds = fit_.stage_seconds(shape)
+    if method == "grpo":
+        seconds["old_log_prob"] *= 2  # the reference policy's forward, as long as the old policy's
+    if method not in ("justrl", "grpo"):
+        seconds["other"] += MASK_S
+    return seconds
+
+
+def size_shape(size: str, nodes: int, gpus_per_node: int, gpu: str, prompts: int, n: int, prompt_length: float,
+               response_length: float, max_length: float) -> Shape:  # fmt: skip
+    """The shape of a paper step at ``size`` with its size file's rollout parallelism and memory share."""
+    from omegaconf import OmegaConf
+
+    rollout = OmegaConf.load(CONFIG_DIR / "size" / f"{size}.yaml").actor_rollout_ref.rollout
+    tp, share = int(rollout.tensor_model_parallel_size), float(rollout.gpu_memory_utilization)
+    return Shape(size, gpu, nodes * gpus_per_node, tp, share, prompts * n, prompt_length, response_length, max_length)
+
+
+def project(args: argparse.Namespace, size: str, nodes: int, method: str, samples: int = 25) -> dict:
+    """Hours, GPU-hours and stage shares of a run whose mean response length grows linearly over its steps (the
+    step time averaged over ``samples`` points of the run)."""
+    fit_ = fitted()
+    lengths = np.linspace(args.length_start, args.length_end, samples)
+    shapes = [size_shape(size, nodes, args.gpus_per_node, args.gpu, args.prompts, args.n, args.prompt_length,
+                         float(length), max(args.max_length, float(length))) for length in lengths]  # fmt: skip
+    per_step = [step_seconds(fit_, s, method) for s in shapes]
+    mean = {stage: float(np.mean([p[stage] for p in per_step])) for stage in STAGES}
+    step = sum(mean.values())
+    hours = step * args.steps / 3600
+    return {
+        "size": size, "method": method, "nodes": nodes, "gpus": shapes[0].gpus, "gpu": args.gpu,
+        "step_s_first": sum(per_step[0].values()), "step_s_last": sum(per_step[-1].values()), "step_s_mean": step,
+        "hours": hours, "gpu_hours": hours * shapes[0].gpus,
+        "shares": {stage: mean[stage] / step for stage in STAGES},
+    }  # fmt: skip
+
+
+def fit_report(fit_: Fit) -> str:
+    """The fitted constants, and each measured stage against the model fitted to all steps (in-sample) and to the
+    other steps only (leave one out: how far the model is from a run it has not seen)."""
+    measured = load_measured()
+    held_out = [fit(measured[:i] + measured[i + 1 :]) for i in range(len(measured))]
+    lines = [
+        f"generation: k_w {fit_.k_w:.3f}, k_kv {fit_.k_kv:.3f} (times the datasheet-bandwidth bound); MFU "
+        + ", ".join(f"{stage} {a:.3f} + {b:.3f}·ln(B params)" for stage, (a, b) in fit_.mfu.items())
+        + f"; other {fit_.other[0]:.2f} s + {fit_.other[1]:.3f} s per B params",
+        "| step | stage | measured (s) | model (s) | error | model without this step (s) | error |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for (shape, seconds), other in zip(measured, held_out):
+        models = [f.stage_seconds(shape) for f in (fit_, other)]
+        for model in models:
+            model["step"] = sum(model.values())
+        for stage in (*STAGES, "step"):
+            cells = " | ".join(f"{m[stage]:.1f} | {(m[stage] - seconds[stage]) / seconds[stage]:+.0%}" for m in models)
+            lines.append(f"| {seconds['name']} | {stage} | {seconds[stage]:.1f} | {cells} |")
+    return "\n".join(lines)
+
+
+def table(args: argparse.Namespace) -> str:
+    """Rows: size × nodes; hours of each method of the paper's main table, and STAPO's step, GPU-hours and stages."""
+    order = ("grpo", "entropy20", "justrl", "stapo")
+    lines = [
+        f"{args.steps} steps × {args.prompts} prompts × {args.n}; mean response {args.length_start:g} → "
+        f"{args.length_end:g} tokens, longest {args.max_length:g} every step, prompts {args.prompt_length:g}; "
+        f"{args.gpus_per_node} × {args.gpu.upper()} a node",
+        "| size | nodes | STAPO step (s), first → last | hours: GRPO | 20-Entropy | JustRL | STAPO | STAPO GPU-hours "
+        "| generation | old log-probs | update |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for size in sizes():
+        for nodes in args.nodes:
+            runs = {method: project(args, size, nodes, method) for method in order}
+            stapo = runs["stapo"]
+            hours = " | ".join(f"{runs[m]['hours']:.0f}" for m in order)
+            shares = " | ".join(f"{100 * stapo['shares'][s]:.0f} %" for s in STAGES[:3])
+            lines.append(
+                f"| {size} | {nodes} | {stapo['step_s_first']:.0f} → {stapo['step_s_last']:.0f} | {hours} | "
+                f"{stapo['gpu_hours']:,.0f} | {shares} |"
+            )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m stapo.tools.cost", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("fit", help="the measured steps against the fitted model")
+    project_ = commands.add_parser("project", help="one run: step time, hours, GPU-hours, stage shares")
+    table_ = commands.add_parser("table", help="every method and size of the paper's main table")
+    project_.add_argument("--size", choices=sizes(), required=True)
+    project_.add_argument("--nodes", type=int, default=1)
+    project_.add_argument("--method", choices=methods(), default="stapo")
+    table_.add_argument("--nodes", type=int, nargs="+", default=[1, 2, 4])
+    for command in (project_, table_):
+        command.add_argument("--gpu", choices=sorted(GPUS), default="h100")
+        command.add_argument("--gpus-per-node", type=int, default=8)
+        command.add_argument("--steps", type=int, default=3000, help="paper: 3,000")
+        command.add_argument("--prompts", type=int, default=256, help="prompts a step (paper: 256)")
+        command.add_argument("--n", type=int, default=8, help="responses a prompt (paper: 8)")
+        command.add_argument("--prompt-length", type=float, default=200, help="mean prompt tokens (assumed)")
+        command.add_argument("--length-start", type=float, default=1000, help="mean response tokens at step 1")
+        command.add_argument("--length-end", type=float, default=6000, help="mean response tokens at the last step")
+        command.add_argument("--max-length", type=float, default=15360, help="longest response a step (paper: 15,360)")
+    args = parser.parse_args(argv)
+    if args.command == "fit":
+        print(fit_report(fitted()))
+        return
+    bad = [f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()
+           if k in ("steps", "prompts", "n", "gpus_per_node") and v < 1]  # fmt: skip
+    bad += [f"--nodes {v}" for v in np.atleast_1d(args.nodes) if v < 1]
+    if args.length_start <= 0 or args.length_end <= 0 or args.max_length < max(args.length_start, args.length_end):
+        bad.append("--length-start/--length-end must be positive and at most --max-length")
+    if bad:
+        parser.error(f"{', '.join(bad)}: out of range")
+    if args.command == "project":
+        result = project(args, args.size, args.nodes, args.method)
+        print(json.dumps(result, indent=1))
+    else:
+        print(table(args))
+
+
+if __name__ == "__main__":
+    main()

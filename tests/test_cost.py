@@ -1,0 +1,58 @@
+"""The cost model (stapo/tools/cost.py): fitted to the measured steps of docs/scale.md it reproduces them, it moves
+the way the hardware does, and its command prints the table of docs/scale.md section 9."""
+
+import argparse
+
+import pytest
+
+from stapo.tools import cost
+
+
+def paper(**changes):
+    defaults = dict(gpu="h100", gpus_per_node=8, steps=3000, prompts=256, n=8, prompt_length=200,
+                    length_start=1000.0, length_end=6000.0, max_length=15360.0)  # fmt: skip
+    return argparse.Namespace(**{**defaults, **changes})
+
+
+def test_the_parameter_counts_are_the_base_models():
+    counts = {size: cost.model_facts(size)["parameters"] for size in ("qwen3_1.7b", "qwen3_8b", "qwen3_14b")}
+    assert counts == {"qwen3_1.7b": 2_031_739_904, "qwen3_8b": 8_190_735_360, "qwen3_14b": 14_768_307_200}
+
+
+def test_the_fit_reproduces_every_measured_step():
+    fit = cost.fitted()
+    for shape, seconds in cost.load_measured():
+        model = fit.stage_seconds(shape)
+        assert sum(model.values()) == pytest.approx(seconds["step"], rel=0.10), seconds["name"]
+        for stage in ("old_log_prob", "update"):
+            assert model[stage] == pytest.approx(seconds[stage], rel=0.10), (seconds["name"], stage)
+    assert 1 < fit.k_w < 5 and 0.5 < fit.k_kv < 5  # slower than the bandwidth bound, not absurdly
+
+
+def test_the_model_moves_as_the_hardware_does():
+    fit = cost.fitted()
+    base = cost.size_shape("qwen3_8b", 1, 8, "h100", 256, 8, 200, 4000, 15360)
+    seconds = fit.stage_seconds(base)
+    longer = fit.stage_seconds(cost.Shape(**{**base.__dict__, "response_length": 8000}))
+    faster = fit.stage_seconds(cost.Shape(**{**base.__dict__, "gpu": "h200"}))
+    assert all(longer[s] > seconds[s] for s in ("generation", "old_log_prob", "update"))
+    assert faster["generation"] < seconds["generation"] and faster["update"] == seconds["update"]
+    grpo, stapo = cost.step_seconds(fit, base, "grpo"), cost.step_seconds(fit, base, "stapo")
+    assert grpo["old_log_prob"] == 2 * seconds["old_log_prob"] and stapo["other"] == seconds["other"] + cost.MASK_S
+    runs = [cost.project(paper(), "qwen3_8b", nodes, "stapo") for nodes in (1, 2, 4)]
+    assert runs[0]["hours"] > runs[1]["hours"] > runs[2]["hours"]
+    assert runs[0]["gpu_hours"] < runs[2]["gpu_hours"]  # more nodes: sooner, at a worse use of each GPU
+    assert sum(runs[0]["shares"].values()) == pytest.approx(1.0)
+
+
+def test_the_commands(capsys):
+    cost.main(["fit"])
+    out = capsys.readouterr().out
+    assert "model without this step" in out
+    assert sum(" | step | " in line for line in out.splitlines()) == len(cost.load_measured())
+    cost.main(["table", "--nodes", "1", "--steps", "10"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("10 steps × 256 prompts × 8") and len(lines) == 3 + 3  # header, 3 sizes x 1 node
+    with pytest.raises(SystemExit):
+        cost.main(["project", "--size", "qwen3_8b", "--length-start", "20000"])
+    assert "at most --max-length" in capsys.readouterr().err
