@@ -98,3 +98,17 @@ def test_entropies_that_tie_in_bfloat16_are_silenced_as_the_rule_says():
     verls_log_probs, verls_entropy = VERLS.apply(h, w, ids, 1.0, 512)
     _, tied = s2t_mask(verls_log_probs[None], verls_entropy[None], *args)
     assert tied["candidates"] == k and tied["masked"] < 0.1 * stats["masked"]
+
+
+def test_every_listed_workaround_names_code_that_exists():
+    """The list of workarounds cannot rot: each entry's code is importable, and says what it answers and when to
+    remove it."""
+    import importlib
+
+    assert len({w.code for w in verl_patches.WORKAROUNDS}) == len(verl_patches.WORKAROUNDS)
+    for workaround in verl_patches.WORKAROUNDS:
+        module, attribute = workaround.code.split(":")
+        target = importlib.import_module(module)
+        for part in attribute.split("."):
+            target = getattr(target, part)
+        assert workaround.answers and workaround.remove_when

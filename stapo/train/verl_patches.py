@@ -1,4 +1,6 @@
-"""Changes the recipe makes to verl 0.9.1 at run time, each with the version it answers and when it can go.
+"""Every place where the recipe works around verl 0.9.1 (or Ray 2.60, vLLM 0.24, transformers 5.x), in one list:
+:data:`WORKAROUNDS` names each one's code, what it answers and when it can go (tests/test_verl_patches.py checks that
+every named place exists). The two that patch verl itself at run time live here:
 
 * :func:`float32_fused_entropy` -- verl's fused log-probability kernel (``FusedLinearForPPO``, torch backend: what
   ``use_fused_kernels: auto`` selects when flash-attn is missing) computes the entropy in float32 and stores it in
@@ -7,28 +9,116 @@
   keeps 8 bits of mantissa, so the S2T candidates' entropies tie at τ_h and the strict ``H < τ_h`` silences far
   fewer than the rule's q (measured on one H100: 3.6 % of candidates instead of about 75 %). The patch keeps the
   kernel's float32 entropy; the log-probs, the gradients and the speed are verl's (tested in
-  tests/test_verl_patches.py, timed by ``python -m stapo.checks.benchmark actor``). Remove it when verl's kernel
-  returns float32 entropies (tests/test_verl_patches.py checks verl's own function and fails once it does).
-
-* :func:`quiet_import_notices` -- importing verl 0.9.1 on a machine without its optional engines and accelerator
-  prints 12 lines (five ``UserWarning`` "<engine> engine is not available" from ``verl/workers/engine/__init__.py``,
-  two "No supported accelerator detected" / "registered but not available" log records from
+  tests/test_verl_patches.py, timed by ``python -m stapo.checks.benchmark actor``). The other paths the recipe can
+  select give float32 entropies already: verl's triton kernel (``fused_kernel_options.impl_backend: triton``), the
+  unfused path (softmax and logsumexp run in float32 under CUDA autocast) and ``entropy_from_logits_with_chunking``;
+  every run checks what reaches the mask (:func:`stapo.train.metrics.check_entropy_dtype`).
+* :func:`quiet_import_notices` -- importing verl on a machine without its optional engines and accelerator prints
+  12 lines (five ``UserWarning`` "<engine> engine is not available" from ``verl/workers/engine/__init__.py``, two
+  "No supported accelerator detected" / "registered but not available" log records from
   ``verl/plugin/platform/platform_manager.py``) before the driver can say anything. ``python -m stapo.train`` hides
-  them, so that a refused config is one line per problem; an error of verl's own still prints. Remove it when verl
-  imports quietly (tests/test_configs.py's entry-point test shows the lines again).
-
-The other paths the recipe can select give float32 entropies already: verl's triton kernel
-(``fused_kernel_options.impl_backend: triton``), the unfused path (softmax and logsumexp run in float32 under CUDA
-autocast), and ``entropy_from_logits_with_chunking``. Every run checks what reaches the mask
-(:func:`stapo.train.metrics.check_entropy_dtype`).
+  them, so that a refused config is one line per problem; an error of verl's own still prints.
 """
 
 from __future__ import annotations
 
 import logging
 import warnings
+from dataclasses import dataclass
 
 import torch
+
+
+@dataclass(frozen=True)
+class Workaround:
+    """One workaround: its code (``module:attribute``), what it answers, and when to remove it."""
+
+    code: str
+    answers: str
+    remove_when: str
+
+
+WORKAROUNDS = (
+    Workaround(
+        "stapo.train.verl_patches:float32_fused_entropy",
+        "verl 0.9.1 FusedLinearForPPO returns bfloat16 entropies (PR #5662 fixed the log-probs only)",
+        "verl's FusedLinearForPPOFunction returns float32 entropies for bfloat16 inputs (a test here fails then)",
+    ),
+    Workaround(
+        "stapo.train.verl_patches:quiet_import_notices",
+        "verl 0.9.1 warns at import about every optional engine and accelerator it does not find",
+        "verl imports quietly (test_newcomer's one-line test passes without it)",
+    ),
+    Workaround(
+        "stapo.train.trainer:STAPOTrainer._build_replay_buffer",
+        "verl 0.9.1 takes its asynchronous code paths for any trainer mode not literally named 'sync' "
+        "(trainer_base compares the name); a registered trainer mode must declare itself 'sync'",
+        "verl keys the synchronous path on the trainer class or a flag, not the mode's name",
+    ),
+    Workaround(
+        "stapo.train.trainer:POLL_INTERVAL_S",
+        "verl 0.9.1's replay buffer looks for finished rollouts every 2 s, a fixed value: short generations round up",
+        "verl makes the poll interval configurable or event-driven",
+    ),
+    Workaround(
+        "stapo.train.trainer:file_logger_path",
+        "verl 0.9.1's FileLogger opens its JSONL with 'wb', erasing earlier steps when a run resumes "
+        "(the trainer sets the file aside first: STAPOTrainer._load_checkpoint)",
+        "verl's FileLogger appends on resume",
+    ),
+    Workaround(
+        "stapo.train.trainer:resume_position_problem",
+        "verl 0.9.1 resumes without data.pt from the first batch, silently (the check stops such a run)",
+        "verl refuses a resume whose dataloader state is missing or does not match",
+    ),
+    Workaround(
+        "stapo.train.preflight:resume_problems",
+        "verl 0.9.1 starts from step 0 over an unreadable tracker, loads incomplete checkpoints, and with "
+        "max_actor_ckpt_to_keep=1 deletes the last checkpoint before the new one is complete",
+        "verl validates its checkpoints before resuming and deletes old ones after the new one is written",
+    ),
+    Workaround(
+        "stapo.train.preflight:local_cluster_problems",
+        "verl 0.9.1 names the weight-transfer socket after the Ray job id (/tmp/rl-colocate-zmq-<job>-...), which "
+        "every local Ray cluster starts at 01000000: two local runs on one machine share it",
+        "verl makes the socket name unique per run (e.g. a random or run-named suffix)",
+    ),
+    Workaround(
+        "stapo.train.preflight:TQ_CONTROLLER",
+        "verl 0.9.1's TransferQueue is a named Ray actor per cluster: jobs of one cluster share it and take each "
+        "other's rollouts (the preflight refuses a RAY_ADDRESS cluster where one lives)",
+        "transfer_queue names its controller per job",
+    ),
+    Workaround(
+        "stapo.quickstart.experiment:claim_job",
+        "the same socket name: concurrent runs on one machine get clusters whose job ids are made distinct",
+        "the socket-name workaround above can go",
+    ),
+    Workaround(
+        "stapo.train.preflight:check_installed",
+        "verl 0.9.1 swallows errors of plugins it loads from entry points (the trainer also checks that the "
+        "workers can load the loss: STAPOTrainer._setup)",
+        "verl reports a failing plugin",
+    ),
+    Workaround(
+        "stapo.quickstart.experiment:KV_CACHE_BYTES",
+        "vLLM 0.24 measures free GPU memory while it starts and fails when another process on the GPU frees memory "
+        "meanwhile (also stapo.tools.probe:KV_CACHE); a given KV-cache size skips the measurement",
+        "vLLM's start-up tolerates other processes on the GPU",
+    ),
+    Workaround(
+        "stapo.train.attention:varlen_attention",
+        "no flash-attn wheel for torch 2.11 / CUDA 13: transformers' sdpa on verl's packed sequences attends over "
+        "the whole pack and verl wires Ulysses into flash_attention_2 only",
+        "flash-attn installs from a wheel, or verl supports torch's varlen attention",
+    ),
+    Workaround(
+        "stapo.tools.pretrained:convert",
+        "transformers 5.17 refuses save_pretrained on a GGUF-loaded model; its GGUF tokenizer import names "
+        "<|im_start|> as SmolLM2's EOS; gguf 0.19 fails to import beside vLLM's mistral_common (_import_gguf)",
+        "transformers saves GGUF-loaded models and maps the GGUF EOS id",
+    ),
+)
 
 _ENGINES = r"(torchtitan|veomni|automodel|mindspeed|megatron) engine is not available"
 _PLATFORM_LOGGER = "verl.plugin.platform.platform_manager"
