@@ -198,3 +198,11 @@ def test_help_lists_methods_sizes_and_every_stapo_key():
     assert len(out.stdout.splitlines()) < 30  # not verl's 1,100-line config
     for name in (*methods(), *sizes(), *(f"stapo.{f.name}=" for f in fields(StapoConfig))):
         assert name in out.stdout
+
+
+def test_the_plugin_keeps_the_workers_imports_small():
+    """Every Ray process imports the plugin: it must not pull in the data tool (its CLI, pyarrow tables, hub
+    clients), which only the driver's preflight needs."""
+    code = "import sys, stapo.train.plugin; print('stapo.tools.data' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr[-2000:]

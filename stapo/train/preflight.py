@@ -21,12 +21,10 @@ from pathlib import Path
 from omegaconf import DictConfig, open_dict
 
 from stapo.config import TRAINER_MODE, StapoConfig, StapoConfigError
-from stapo.tools.data import REQUIRED_COLUMNS
 from stapo.tools.io import DataFileError, model_folder_problems, parquet_columns
 from stapo.train import attention
 
 PLUGIN_ENTRY_POINT = "stapo"
-TRACKER = "latest_checkpointed_iteration.txt"
 CLUSTER_TIMEOUT_S = 60
 CLUSTER_END_S = 10.0
 """Seconds a Ray cluster found on this machine is given to end before a local run is refused beside it."""
@@ -217,6 +215,8 @@ def cluster_gpus(address: str, timeout: float = CLUSTER_TIMEOUT_S) -> float | st
 
 
 def _data_problems(config: DictConfig) -> list[str]:
+    from stapo.tools.data import REQUIRED_COLUMNS  # here: the plugin imports this module in every Ray worker
+
     data = config.data
     columns = [data.get("prompt_key", "prompt"), data.get("reward_fn_key", "data_source"), *REQUIRED_COLUMNS]
     found = []
@@ -303,15 +303,17 @@ def resume_problems(config: DictConfig) -> list[str]:
         if "global_step_" not in folder.name:
             return [f"trainer.resume_from_path={trainer.get('resume_from_path')}: name a global_step_N folder"]
     else:
-        tracker = root / TRACKER
+        from verl.utils.checkpoint.checkpoint_manager import get_checkpoint_tracker_filename
+
+        tracker = Path(get_checkpoint_tracker_filename(str(root)))
         if not tracker.is_file():
             left = sorted(p.name for p in root.glob("global_step_*")) if root.is_dir() else []
             if not left:
                 return []
             return [
-                f"trainer.default_local_dir={root} holds {', '.join(left)} but no {TRACKER}, so verl would start from "
-                f"step 0 and overwrite them; write the step of a complete one into {tracker}, delete them, or set "
-                "trainer.resume_mode=disable"
+                f"trainer.default_local_dir={root} holds {', '.join(left)} but no {tracker.name}, so verl would "
+                f"start from step 0 and overwrite them; write the step of a complete one into {tracker}, delete them, "
+                "or set trainer.resume_mode=disable"
             ]
         text = tracker.read_text().strip()
         if not text.isdigit():
