@@ -19,7 +19,7 @@ from verl.utils.tracking import FileLogger
 
 from stapo.config import CONFIG_DIR
 from stapo.quickstart import experiment as ex
-from stapo.train import preflight
+from stapo.train import clusters, preflight
 from stapo.train.main import validate
 
 
@@ -49,7 +49,7 @@ def test_launch_runs_each_run_in_a_cluster_of_its_own(tmp_path, monkeypatch, for
     """A stub stands in for the training command (verl's trainer needs GPUs); the Ray clusters are real, each with
     one GPU declared to Ray (``ray start --num-gpus=1``), as the experiment starts them on a GPU machine. Runs at the
     same time must not share a cluster (verl's TransferQueue) nor a Ray job id (verl's weight-transfer socket)."""
-    monkeypatch.setattr(ex, "HANDOVER_S", 2.0)
+    monkeypatch.setattr(clusters, "HANDOVER_S", 2.0)
     runs = ex.plan(["justrl", "stapo"], [0, 1])
     runs.append(ex.Run("grpo", 0))
     finished = tmp_path / "runs" / "grpo-s0"
@@ -63,7 +63,7 @@ def test_launch_runs_each_run_in_a_cluster_of_its_own(tmp_path, monkeypatch, for
             return [sys.executable, "-c", "import time; time.sleep(600)"]
         return [sys.executable, str(script), "25", "1" if run.name == "stapo-s0" else "0"]  # > a cluster start
 
-    codes = ex.launch(runs, command, ["0", "1"], tmp_path, stall_s=40)  # > the stub's silence
+    codes = clusters.launch(runs, command, ["0", "1"], tmp_path, stall_s=40)  # > the stub's silence
     assert codes == {"grpo-s0": 0, "justrl-s0": 0, "stapo-s0": 1, "justrl-s1": 0, "stapo-s1": -9}  # -9: stalled
     logs = {r.name: (tmp_path / "runs" / r.name / "train.log").read_text() for r in runs[:3]}
     seen = {name: re.search(r"job (\w+) cluster (\S+) gpu (\w+)", log).groups() for name, log in logs.items()}
@@ -84,7 +84,7 @@ def test_launch_runs_each_run_in_a_cluster_of_its_own(tmp_path, monkeypatch, for
 def test_a_run_whose_cluster_cannot_start_fails_alone(tmp_path, monkeypatch, foreign_ray_ignored):
     """A run whose cluster does not number this process's job as planned, twice (on fresh heads), is recorded as
     failed; the run beside it trains on. The heads are real; the failure is forced in :func:`claim_job`."""
-    claim = ex.claim_job
+    claim = clusters.claim_job
     tries = []
 
     def claim_job(address, head, slot, log):
@@ -93,11 +93,11 @@ def test_a_run_whose_cluster_cannot_start_fails_alone(tmp_path, monkeypatch, for
             raise SystemExit("error: forced")
         claim(address, head, slot, log)
 
-    monkeypatch.setattr(ex, "claim_job", claim_job)
+    monkeypatch.setattr(clusters, "claim_job", claim_job)
     script = tmp_path / "stub.py"
     script.write_text(STUB)
     runs = ex.plan(["justrl", "stapo"], [0])
-    codes = ex.launch(runs, lambda run: [sys.executable, str(script), "1", "0"], ["0", "1"], tmp_path, stall_s=60)
+    codes = clusters.launch(runs, lambda run: [sys.executable, str(script), "1", "0"], ["0", "1"], tmp_path, stall_s=60)
     assert codes == {"justrl-s0": 0, "stapo-s0": 1} and len(set(tries)) == 2  # once more on another head
     assert (tmp_path / "runs" / "stapo-s0" / "exit_code").read_text() == "1\n"
     assert "job 02000000" in (tmp_path / "runs" / "justrl-s0" / "train.log").read_text()
@@ -114,8 +114,8 @@ def test_a_second_run_beside_a_running_cluster_is_refused(tmp_path, monkeypatch,
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
         cfg = compose(config_name="justrl", overrides=["trainer.n_gpus_per_node=1"])
     assert preflight._gpu_problems(cfg) == []
-    with ex.ray_head("0", tmp_path / "ray.log") as (address, head):
-        ex.claim_job(address, head, 0, tmp_path / "ray.log")
+    with clusters.ray_head("0", tmp_path / "ray.log") as (address, head):
+        clusters.claim_job(address, head, 0, tmp_path / "ray.log")
         (line,) = preflight._gpu_problems(cfg)
         assert line.startswith("another Ray cluster runs on this machine (gcs_server, pid ")
         assert "/tmp/rl-colocate-zmq-01000000-replica-0-rank-0.sock" in line and "share verl's TransferQueue" in line

@@ -8,8 +8,8 @@
 ``run`` builds the task and a tiny Qwen3 and warms it up once (:func:`stapo.quickstart.run.prepare`, on this
 process's first visible GPU), then trains every (method, seed) from that one warmed-up model through the real
 trainer (``python -m stapo.train --config-name=METHOD``: verl V1, vLLM, FSDP), ``--runs-per-gpu`` runs a GPU at a
-time, each in a Ray cluster of its own on its GPU (:func:`ray_head` and :func:`claim_job` say why, and how their job
-ids differ). A run's seed sets the order of the prompts (``data.seed``) and vLLM's sampling
+time, each in a Ray cluster of its own on its GPU (:mod:`stapo.train.clusters` says why, and how their job ids
+differ). A run's seed sets the order of the prompts (``data.seed``) and vLLM's sampling
 (``actor_rollout_ref.rollout.seed``); every run validates on the task's validation split every ``--test-freq`` steps,
 checkpoints every ``--save-freq`` steps (none for 0), and logs verl's metrics with the recipe's ``stapo/*`` and
 ``s2t/*`` (the S2T rule observed at the old policy in every run, applied only by STAPO). Hydra overrides after ``--``
@@ -33,13 +33,9 @@ import math
 import os
 import shutil
 import signal
-import socket
 import statistics
-import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import ExitStack, contextmanager, suppress
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,6 +58,7 @@ from stapo.quickstart.tiny import replace_overrides
 from stapo.tools.inspect_tokens import group_advantages
 from stapo.tools.io import follow_umask, write_atomic
 from stapo.tools.report import VALIDATION, ReportError, band, plot_runs, read_metrics
+from stapo.train.clusters import launch
 from stapo.train.preflight import local_cluster_problems
 
 RECORDED_OPTIONS = (
@@ -85,10 +82,6 @@ RUN_KEYS = {
 would share a seed or a checkpoint folder, or an option would not mean what it says)."""
 MAX_WARMUP_ROUNDS = 4
 """Warm-up rounds (of ``--warmup-steps`` each) at most while the sampled accuracy is below ``--warmup-target``."""
-POLL_S = 5.0
-"""Seconds between two looks at the runs and the free GPUs."""
-HANDOVER_S = 30.0
-"""Seconds between the end of a run and the start of the next."""
 LAST = 10
 """Steps at the end (of the steps every run reached) over which the table averages the training metrics."""
 KV_CACHE_BYTES = 1 << 30
@@ -151,172 +144,6 @@ def run_overrides(run: Run, warm: Path, paths: dict[str, Path], args: argparse.N
         **dict(override.split("=", 1) for override in args.overrides),
     }
     return replace_overrides(train_overrides(run.method, warm, paths, args.steps, out, args.tau_p), changes)
-
-
-@contextmanager
-def ray_head(gpu: str, log: Path) -> Iterator[tuple[str, subprocess.Popen]]:
-    """Starts the head of a Ray cluster of one run's own on this machine, over the GPU ``gpu``; yields its address and
-    process at once (the head takes seconds to accept drivers), and stops it on exit. :func:`check_run_args` has made
-    sure that no cluster but the experiment's own runs here.
-
-    Why a cluster each: verl 0.9.1 keeps a run's rollouts in TransferQueue, whose controller is a named Ray actor
-    (``TransferQueueController`` in the namespace ``transfer_queue``), so the jobs of one cluster share it and take each
-    other's rollouts (docs/experiments.md section 7)."""
-    from ray._common.utils import get_ray_address_file
-    from ray._private.services import get_node_ip_address
-
-    port, client_port, dashboard_port, agent_port = free_ports(4)
-    cmd = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", f"--port={port}"]
-    cmd += [f"--ray-client-server-port={client_port}", f"--dashboard-port={dashboard_port}"]  # else fixed ports
-    cmd += [f"--dashboard-agent-listen-port={agent_port}"]
-    cmd += ["--num-gpus=1", "--include-dashboard=false", "--disable-usage-stats"]
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpu}
-    with open(log, "a") as out:
-        head = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    address = f"{get_node_ip_address()}:{port}"
-    try:
-        yield address, head
-    finally:
-        head.terminate()  # `ray start --block` stops the cluster's processes in order (signalling its whole process
-        with suppress(subprocess.TimeoutExpired):  # group instead leaves them waiting 30 s for the stopped GCS)
-            head.wait(timeout=60)
-        with suppress(ProcessLookupError):  # whatever is left of the cluster
-            os.killpg(head.pid, signal.SIGKILL)
-        # `ray start` named this cluster in Ray's record of the machine's latest one, where every later local
-        # ray.init() (a plain training run) would look for it; `ray stop` would clear it, but stops every cluster
-        record = Path(get_ray_address_file(None))
-        if record.is_file() and record.read_text().strip() == address:
-            record.unlink()
-
-
-def claim_job(address: str, head: subprocess.Popen, slot: int, log: Path) -> None:
-    """Connects to the fresh cluster at ``address`` and leaves, until this process has been its job ``slot + 1``.
-
-    Why: verl names the socket over which a run's trainer hands its weights to vLLM after the Ray job id
-    (``/tmp/rl-colocate-zmq-<job id>-replica-0-rank-0.sock``, verl PR #6246), and a fresh cluster numbers its jobs from
-    1 in the order their drivers connect. Every run connects alike, once in the preflight (``cluster_gpus``) and then
-    as the trainer, so the trainers of runs in different slots get different job ids."""
-    import ray
-
-    job, deadline = 0, time.monotonic() + 120
-    try:
-        while job <= slot:
-            try:
-                ray.init(address=address, log_to_driver=False, logging_level="ERROR")
-            except ConnectionError:
-                if head.poll() is not None:
-                    raise SystemExit(f"error: the Ray head stopped (exit {head.returncode}); see {log}") from None
-                if time.monotonic() > deadline:
-                    raise SystemExit(f"error: no Ray cluster at {address} after 2 minutes; see {log}") from None
-                time.sleep(1)
-                continue
-            job = int.from_bytes(bytes.fromhex(ray.get_runtime_context().get_job_id()), "little")
-            ray.shutdown()
-    finally:
-        if ray.is_initialized():
-            ray.shutdown()
-    if job != slot + 1:  # another driver connected meanwhile: the run's job id could be another slot's
-        raise SystemExit(f"error: the Ray cluster at {address} numbered this process's job {job}, not {slot + 1}")
-
-
-def claimed(
-    cluster: ExitStack, head: tuple[str, subprocess.Popen], gpu: str, slot: int, log: Path, name: str
-) -> str | None:
-    """The address of the cluster ``head`` (entered in ``cluster``) once :func:`claim_job` succeeded there, or on a
-    fresh head on other ports when it did not (a port may be taken between choosing it and the head's start); ``None``
-    if that failed too (``cluster`` closed)."""
-    address, process = head
-    for attempt in (1, 2):
-        try:
-            claim_job(address, process, slot, log)
-            return address
-        except SystemExit as error:
-            cluster.close()
-            print(f"{name}: {error}; {'once more, on other ports' if attempt == 1 else 'not started'}", flush=True)
-            if attempt == 1:
-                address, process = cluster.enter_context(ray_head(gpu, log))
-    return None
-
-
-def free_ports(count: int) -> list[int]:
-    """``count`` distinct TCP ports that are free now (the OS picks them)."""
-    with ExitStack() as stack:
-        probes = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for probe in probes:
-            probe.bind(("", 0))
-        return [probe.getsockname()[1] for probe in probes]
-
-
-def launch(
-    runs: Sequence[Run], command: Callable[[Run], list[str]], gpus: Sequence[str], out: Path, stall_s: float
-) -> dict:
-    """Run every unfinished run (``command(run)``, logs in ``out/runs/NAME``), each in a Ray cluster of its own
-    (:func:`ray_head`, :func:`claim_job`) over one of ``gpus``, one run per entry at a time (a GPU named twice takes
-    two runs at once): an entry takes the next run :data:`HANDOVER_S` after its last run ended (that run's processes
-    may still release GPU memory). A run whose log stays silent for ``stall_s`` seconds is stopped (a hung weight
-    hand-over would hold its GPU for good); if this process stops, so do the runs and their clusters. Returns each
-    run's exit code (0 for runs kept from before)."""
-    codes, queue = {}, []
-    for run in runs:
-        done = out / "runs" / run.name / "exit_code"
-        if done.is_file() and done.read_text().strip() == "0":
-            print(f"{run.name}: finished before, kept")
-            codes[run.name] = 0
-        else:
-            queue.append(run)
-    busy: dict[int, tuple[Run, subprocess.Popen, ExitStack, float]] = {}  # slot: run, process, its cluster, start
-    ended = dict.fromkeys(range(len(gpus)), -math.inf)
-
-    def end(slot: int, run: Run, code: int, cluster: ExitStack) -> None:
-        codes[run.name] = code
-        write_atomic(out / "runs" / run.name / "exit_code", f"{code}\n")
-        print(f"{run.name}: exit {code}", flush=True)
-        cluster.close()
-        ended[slot] = time.monotonic()
-
-    try:
-        while queue or busy:
-            for slot, (run, process, cluster, started) in list(busy.items()):
-                log = out / "runs" / run.name / "train.log"
-                if process.poll() is None and time.time() - max(log.stat().st_mtime, started) > stall_s:
-                    print(f"{run.name}: no output for {stall_s:.0f} s, stopped (log: {log})", flush=True)
-                    process.kill()
-                    process.wait()
-                if process.poll() is not None:
-                    end(slot, run, process.returncode, cluster)
-                    del busy[slot]
-            starting = []
-            with ExitStack() as pending:  # the clusters started here, until their runs have started
-                for slot, gpu in enumerate(gpus):  # every head at once: each takes seconds to accept drivers
-                    if queue and slot not in busy and time.monotonic() - ended[slot] > HANDOVER_S:
-                        run = queue.pop(0)
-                        folder = out / "runs" / run.name
-                        folder.mkdir(parents=True, exist_ok=True)
-                        cluster = pending.enter_context(ExitStack())
-                        starting.append(
-                            (slot, gpu, run, folder, cluster, cluster.enter_context(ray_head(gpu, folder / "ray.log")))
-                        )
-                for slot, gpu, run, folder, cluster, head in starting:
-                    address = claimed(cluster, head, gpu, slot, folder / "ray.log", run.name)
-                    if address is None:  # this run fails; the others go on
-                        end(slot, run, 1, cluster)
-                        continue
-                    env = {**os.environ, "RAY_ADDRESS": address, "PYTHONUNBUFFERED": "1"}
-                    env["VERL_FILE_LOGGER_PATH"] = str(folder / "metrics.jsonl")
-                    env.pop("CUDA_VISIBLE_DEVICES", None)  # Ray gives the run's workers its cluster's GPU
-                    with open(folder / "train.log", "a") as log:
-                        process = subprocess.Popen(
-                            list(map(str, command(run))), stdout=log, stderr=subprocess.STDOUT, env=env
-                        )
-                    busy[slot] = (run, process, cluster.pop_all(), time.time())
-                    print(f"{run.name}: started on GPU {gpu} (log: {folder / 'train.log'})", flush=True)
-            time.sleep(POLL_S)
-    finally:
-        for _, process, cluster, _ in busy.values():
-            process.kill()
-            process.wait()
-            cluster.close()
-    return codes
 
 
 # ---------------------------------------------------------------------------------------------------- summary
@@ -498,7 +325,7 @@ def check_run_args(args: argparse.Namespace) -> list[str]:
     bad = [g for g in gpus if not g.isdigit() or int(g) >= visible]
     if bad or len(set(gpus)) < len(gpus):
         raise SystemExit(f"error: --gpus={args.gpus}: pass distinct indices below {visible} (the visible GPUs)")
-    for problem in local_cluster_problems():  # its jobs' ids could equal those of :func:`ray_head`'s clusters
+    for problem in local_cluster_problems():  # its jobs' ids could equal those of the runs' clusters
         raise SystemExit(f"error: {problem}")
     ids = os.environ.get("CUDA_VISIBLE_DEVICES")  # the Ray head is started with these: name them as this process does
     return [ids.split(",")[int(g)] if ids else g for _ in range(args.runs_per_gpu) for g in gpus]

@@ -86,11 +86,12 @@ WORKAROUNDS = (
     Workaround(
         "stapo.train.preflight:TQ_CONTROLLER",
         "verl 0.9.1's TransferQueue is a named Ray actor per cluster: jobs of one cluster share it and take each "
-        "other's rollouts (the preflight refuses a RAY_ADDRESS cluster where one lives)",
+        "other's rollouts (the preflight refuses a RAY_ADDRESS cluster where one lives; stapo.train.clusters "
+        "gives each of several runs a cluster of its own)",
         "transfer_queue names its controller per job",
     ),
     Workaround(
-        "stapo.quickstart.experiment:claim_job",
+        "stapo.train.clusters:claim_job",
         "the same socket name: concurrent runs on one machine get clusters whose job ids are made distinct",
         "the socket-name workaround above can go",
     ),
