@@ -11,13 +11,11 @@ import torch
 _WARNED: set[str] = set()
 
 
-def check_entropy_dtype(entropy: torch.Tensor, where: str) -> bool:
-    """Whether ``entropy`` is float32; if not, one line on stderr, once per process and place. The S2T rule
-    compares entropies with a quantile of themselves: in bfloat16 they tie at τ_h and the strict ``H < τ_h``
-    silences fewer than the rule's q (:mod:`stapo.train.verl_patches`)."""
-    if entropy.dtype == torch.float32:
-        return True
-    if where not in _WARNED:
+def check_entropy_dtype(entropy: torch.Tensor, where: str) -> None:
+    """One line on stderr, once per process and place, if ``entropy`` is not float32. The S2T rule compares
+    entropies with a quantile of themselves: in bfloat16 they tie at τ_h and the strict ``H < τ_h`` silences fewer
+    than the rule's q (:mod:`stapo.train.verl_patches`)."""
+    if entropy.dtype != torch.float32 and where not in _WARNED:
         _WARNED.add(where)
         print(
             f"STAPO WARNING: {where}: entropies arrive as {entropy.dtype}, not float32; ties at the entropy quantile "
@@ -25,7 +23,6 @@ def check_entropy_dtype(entropy: torch.Tensor, where: str) -> bool:
             file=sys.stderr,
             flush=True,
         )
-    return False
 
 
 def mask_metrics(stats: dict) -> dict[str, float]:
