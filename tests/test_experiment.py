@@ -425,3 +425,36 @@ def test_a_cluster_that_is_ending_is_waited_for(monkeypatch, foreign_ray_ignored
     assert preflight.local_ray_clusters(wait_s=5) == []
     monkeypatch.setattr(preflight, "_gcs_servers", lambda: [4242])
     assert preflight.local_ray_clusters(wait_s=1) == [4242]
+
+
+def test_a_prepared_model_and_task_replace_the_tiny_warm_up(tmp_path, monkeypatch, foreign_ray_ignored):
+    """``--model`` and ``--data`` (SmolLM2 after its warm-up, the word task): every run starts from that folder on
+    that task, the options and the weights' digest are recorded, and a continued experiment must match them."""
+    from stapo.quickstart.task import WORD_DATA_SOURCE, generate_word, write_task
+    from stapo.quickstart.tiny import build_model, build_tokenizer
+
+    monkeypatch.setattr(ex.torch.cuda, "device_count", lambda: 1)  # stubbed: this machine has no GPU
+    splits = generate_word(seed=0, n_train=20, n_val=5, difficulty=1)
+    write_task(splits, tmp_path / "task", seed=0, data_source=WORD_DATA_SOURCE)
+    build_model(build_tokenizer(["a b"] * 5, tmp_path / "model", vocab_size=300), tmp_path / "model", hidden_size=64)
+    argv = ["run", "--out", str(tmp_path / "exp"), "--model", str(tmp_path / "model"), "--data", str(tmp_path / "task")]
+    extra = ["--", "data.max_prompt_length=192", "actor_rollout_ref.actor.optim.lr=1e-6"]
+    args = ex.build_parser().parse_args([*argv, "--methods", "justrl", "stapo_random", *extra])
+    assert ex.check_run_args(args) == ["0"]
+    overrides = ex.run_overrides(ex.Run("stapo_random", 1), args.model, ex.task_paths(args.data), args)
+    assert f"actor_rollout_ref.model.path={tmp_path / 'model'}" in overrides
+    assert f"data.val_files={tmp_path / 'task' / 'validation.parquet'}" in overrides
+    assert "actor_rollout_ref.actor.optim.lr=1e-6" in overrides and "data.max_prompt_length=192" in overrides
+    assert ex.prepared_model(args) == tmp_path / "model"
+    record = json.loads((tmp_path / "exp" / "experiment.json").read_text())
+    assert record["model"] == str(tmp_path / "model") and len(record["weights_sha256"]) == 64
+    again = ex.build_parser().parse_args([*argv, "--steps", "100", *extra])
+    with pytest.raises(SystemExit, match="holds an experiment with other steps"):
+        ex.prepared_model(again)
+    for bad, message in (
+        (["--model", str(tmp_path / "model")], "--model and --data go together"),
+        (["--model", str(tmp_path), "--data", str(tmp_path / "task")], "no config.json"),
+        (["--model", str(tmp_path / "model"), "--data", str(tmp_path)], "train.parquet: no such file"),
+    ):
+        with pytest.raises(SystemExit, match=message):
+            ex.check_run_args(ex.build_parser().parse_args(["run", "--out", str(tmp_path / "x"), *bad]))

@@ -56,7 +56,7 @@ from stapo.quickstart.run import (
 from stapo.quickstart.task import task_paths
 from stapo.quickstart.tiny import replace_overrides
 from stapo.tools.inspect_tokens import group_advantages
-from stapo.tools.io import follow_umask, write_atomic
+from stapo.tools.io import follow_umask, model_folder_problems, write_atomic
 from stapo.tools.report import VALIDATION, ReportError, band, plot_runs, read_metrics
 from stapo.train.clusters import launch
 from stapo.train.preflight import local_cluster_problems
@@ -64,6 +64,7 @@ from stapo.train.preflight import local_cluster_problems
 RECORDED_OPTIONS = (
     *("seed", "train", "val", "hidden_size", "layers", "tokenizer", "warmup_steps", "batch_size", "lr"),
     *("eval_problems", "samples", "warmup_target", "steps", "prompts", "test_freq", "val_n", "tau_p", "q", "overrides"),
+    *("model", "data"),
 )
 """Options that define the warmed-up model and the runs: a continued experiment must be given the same ones (more
 methods and seeds may be added)."""
@@ -272,6 +273,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="stop after the warm-up, which prints and records each round's accuracy and S2T shares (to choose "
         "--warmup-target: docs/experiments.md section 5); use another --out for the experiment itself",
     )
+    run.add_argument(
+        "--model",
+        type=Path,
+        help="start every run from this Hugging Face folder instead of warming up the tiny model (e.g. SmolLM2 after "
+        "python -m stapo.quickstart.warmup); with --data",
+    )
+    run.add_argument(
+        "--data",
+        type=Path,
+        help="the task's folder (train.parquet, validation.parquet; python -m stapo.quickstart.task)",
+    )
     run.add_argument("--methods", nargs="+", default=["justrl", "stapo", "grpo"], help="recipe methods (configs/)")
     run.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="RL seeds (prompt order, sampling)")
     run.add_argument("--steps", type=int, default=150, help="RL steps per run")
@@ -317,6 +329,15 @@ def check_run_args(args: argparse.Namespace) -> list[str]:
         raise SystemExit(f"error: --stall-minutes={args.stall_minutes}: must be positive")
     if not 0 <= args.warmup_target <= 1:
         raise SystemExit(f"error: --warmup-target={args.warmup_target}: must be a fraction in [0, 1]")
+    if (args.model is None) != (args.data is None):
+        raise SystemExit("error: --model and --data go together: a prepared model and the task it trains on")
+    if args.model is not None:
+        problems = model_folder_problems(args.model)
+        problems += [f"--data {path}: no such file" for path in task_paths(args.data).values() if not path.is_file()]
+        if args.warmup_only:
+            problems.append("--warmup-only warms up the tiny model; with --model the model is prepared already")
+        for problem in problems:
+            raise SystemExit(f"error: {problem}")
     check_overrides(args)
     visible = torch.cuda.device_count()
     if visible == 0:
@@ -346,11 +367,12 @@ def check_overrides(args: argparse.Namespace) -> None:
         key = override.split("=", 1)[0].lstrip("+~")
         if key in RUN_KEYS:
             raise SystemExit(f"error: override {override}: {key} is set for each run by {RUN_KEYS[key]}")
-    paths = task_paths(args.out / "data")
+    paths = task_paths(args.data or args.out / "data")
+    model = args.model or args.out / "warmup"
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
         for method in args.methods:
             try:
-                validate(compose(method, run_overrides(Run(method, 0), args.out / "warmup", paths, args)), False)
+                validate(compose(method, run_overrides(Run(method, 0), model, paths, args)), False)
             except Exception as error:  # Hydra's and the trainer's errors name the key
                 raise SystemExit(f"error: --methods {method} with the overrides: {error}") from None
 
@@ -405,6 +427,29 @@ def positive_advantage(scores: Sequence[Sequence[float]]) -> torch.Tensor:
     return group_advantages([score for group in scores for score in group], groups) > 0
 
 
+def prepared_model(args: argparse.Namespace) -> Path:
+    """``--model``, recorded in ``experiment.json`` with the options and the SHA-256 of its weight files; an
+    experiment continued in ``args.out`` must have the same options and weights."""
+    record = args.out / "experiment.json"
+    digest = hashlib.sha256()
+    for path in sorted(args.model.glob("*.safetensors")):
+        with path.open("rb") as file:
+            for block in iter(lambda: file.read(1 << 24), b""):
+                digest.update(block)
+    fields = {**recorded_options(args), "weights_sha256": digest.hexdigest()}
+    if record.is_file():
+        before = json.loads(record.read_text())
+        changed = [k for k, v in fields.items() if before.get(k) != v]
+        if changed:
+            raise SystemExit(
+                f"error: {args.out} holds an experiment with other {', '.join(changed)} ({record}); pass the same "
+                "options and model to continue it, or a new --out"
+            )
+    write_atomic(record, json.dumps(fields, indent=1) + "\n")
+    print(f"prepared model {args.model} (weights sha256 {fields['weights_sha256'][:12]}), task {args.data}")
+    return args.model
+
+
 def warm_model(args: argparse.Namespace, device: str = "cuda") -> Path:
     """The warmed-up model's folder, made by :func:`stapo.quickstart.run.prepare` on ``device`` (this process's first
     visible GPU), in deterministic mode, with more rounds while below ``--warmup-target``; each round's sampled accuracy
@@ -420,6 +465,8 @@ def warm_model(args: argparse.Namespace, device: str = "cuda") -> Path:
         before = json.loads(record.read_text())
         before.setdefault("overrides", "[]")  # recorded since the overrides after '--' exist
         before.setdefault("prompts", "64")  # recorded since --prompts exists; the experiments before it used 64
+        before.setdefault("model", "None")  # recorded since --model and --data exist
+        before.setdefault("data", "None")
         changed = ", ".join(
             "overrides after '--'" if k == "overrides" else f"--{k.replace('_', '-')}"
             for k, v in recorded_options(args).items()
@@ -487,11 +534,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     gpus = check_run_args(args)
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS for the warm-up
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a kill stops the runs and their clusters too
-    folder = warm_model(args)
+    folder = prepared_model(args) if args.model else warm_model(args)
     if args.warmup_only:
         print(f"warm-up only: {args.out / 'experiment.json'} records each round")
         return
-    paths = task_paths(args.out / "data")
+    paths = task_paths(args.data or args.out / "data")
 
     def command(run: Run) -> list:
         config = [sys.executable, "-m", "stapo.train", f"--config-name={run.method}"]
