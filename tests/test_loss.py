@@ -11,7 +11,6 @@ import functools
 import json
 import math
 import os
-import socket
 
 import pytest
 import torch
@@ -25,6 +24,7 @@ from verl.workers.utils.losses import ppo_loss
 
 from stapo.config import CONFIG_DIR, StapoConfig
 from stapo.s2t import s2t_mask
+from stapo.train.clusters import free_ports
 from stapo.train.loss import stapo_loss
 
 PROMPT_LENS = [3, 2, 4, 2, 3, 5]
@@ -205,12 +205,6 @@ def pad(rows):
     )
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _rank_main(rank, port, mode, queue):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
@@ -239,7 +233,7 @@ def _rank_main(rank, port, mode, queue):
 
 def run_two_ranks(mode):
     ctx = mp.get_context("spawn")
-    queue, port = ctx.Queue(), _free_port()
+    queue, (port,) = ctx.Queue(), free_ports(1)
     procs = [ctx.Process(target=_rank_main, args=(r, port, mode, queue)) for r in range(2)]
     for p in procs:
         p.start()

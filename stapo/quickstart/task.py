@@ -74,8 +74,11 @@ def word_problem(rng: random.Random, difficulty: int) -> ArithProblem:
         raise ValueError(f"difficulty must be one of {sorted(WORD_LEVELS)}, got {difficulty!r}")
     name, item = rng.choice(NAMES), rng.choice(ITEMS)
 
+    def noun(n: int) -> str:
+        return item if n != 1 else item[:-1]
+
     def things(n: int) -> str:
-        return f"{n} {item if n != 1 else item[:-1]}"
+        return f"{n} {noun(n)}"
 
     if difficulty <= 3:
         top = {1: 20, 2: 100, 3: 50}[difficulty]
@@ -99,7 +102,7 @@ def word_problem(rng: random.Random, difficulty: int) -> ArithProblem:
         else:
             amount = rng.randint(1, top)
             total += amount
-            sentences.append(f"{name} finds {amount} more {item if amount != 1 else item[:-1]}.")
+            sentences.append(f"{name} finds {amount} more {noun(amount)}.")
             step = f"{before} + {amount} = {total}"
             work.append(rng.choice((f"After finding {amount} more, {name} has {step}.", f"Finding {amount} more "
                                     f"makes {step}.", f"{name} finds {amount} more, so {step}.")))  # fmt: skip
@@ -111,17 +114,28 @@ def word_problem(rng: random.Random, difficulty: int) -> ArithProblem:
     return ArithProblem(question, " ".join([*work, ending]), total)
 
 
-def generate_word(seed: int = 0, n_train: int = 2000, n_val: int = 500, difficulty: int = 2) -> dict:
-    """Disjoint ``train`` and ``validation`` splits of distinct ``word`` problems (no question text in both)."""
-    rng, seen, problems = random.Random(seed), set(), []
-    for _ in range(50 * (n_train + n_val)):
-        problem = word_problem(rng, difficulty)
+def distinct_word_problems(seed: int, levels: list[int], count: int, exclude=frozenset()) -> list[ArithProblem]:
+    """Up to ``count`` word problems with distinct questions, none in ``exclude``, the ``levels`` in turn, drawn with
+    ``random.Random(seed)`` (fewer when 50 draws per problem find no more)."""
+    rng, seen, problems = random.Random(seed), set(exclude), []
+    for i in range(50 * count):
+        problem = word_problem(rng, levels[i % len(levels)])
         if problem.question not in seen:
             seen.add(problem.question)
             problems.append(problem)
-            if len(problems) == n_train + n_val:
-                return {"train": problems[:n_train], "validation": problems[n_train:]}
-    raise ValueError(f"difficulty {difficulty} gave {len(problems)} distinct problems, fewer than {n_train} + {n_val}")
+            if len(problems) == count:
+                break
+    return problems
+
+
+def generate_word(seed: int = 0, n_train: int = 2000, n_val: int = 500, difficulty: int = 2) -> dict:
+    """Disjoint ``train`` and ``validation`` splits of distinct ``word`` problems (no question text in both)."""
+    problems = distinct_word_problems(seed, [difficulty], n_train + n_val)
+    if len(problems) < n_train + n_val:
+        raise ValueError(
+            f"difficulty {difficulty} gave {len(problems)} distinct problems, fewer than {n_train} + {n_val}"
+        )
+    return {"train": problems[:n_train], "validation": problems[n_train:]}
 
 
 def to_rows(problems: list[ArithProblem], split: str, seed: int, data_source: str = DATA_SOURCE) -> list[dict]:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import random
 from pathlib import Path
 
 import torch
@@ -35,15 +34,10 @@ def excluded_questions(paths: list[Path]) -> set[str]:
 
 def warmup_problems(levels: list[int], count: int, seed: int, exclude: set[str]) -> list[task.ArithProblem]:
     """``count`` distinct problems, levels in turn, none of whose question is in ``exclude``."""
-    rng, seen, problems = random.Random(seed), set(exclude), []
-    for i in range(50 * count):
-        problem = task.word_problem(rng, levels[i % len(levels)])
-        if problem.question not in seen:
-            seen.add(problem.question)
-            problems.append(problem)
-            if len(problems) == count:
-                return problems
-    raise ValueError(f"levels {levels} gave {len(problems)} new problems, fewer than --problems {count}")
+    problems = task.distinct_word_problems(seed, levels, count, exclude)
+    if len(problems) < count:
+        raise ValueError(f"levels {levels} gave {len(problems)} new problems, fewer than --problems {count}")
+    return problems
 
 
 def save_bfloat16(model, tokenizer, folder: Path) -> None:
