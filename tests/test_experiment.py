@@ -6,6 +6,7 @@ and curves) from metrics written by verl's own FileLogger. The training runs the
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import statistics
@@ -26,6 +27,20 @@ from stapo.train.main import validate
 def test_plan_is_seed_major():
     runs = ex.plan(["justrl", "stapo", "grpo"], [0, 1, 2])
     assert [r.name for r in runs[:4]] == ["justrl-s0", "stapo-s0", "grpo-s0", "justrl-s1"] and len(set(runs)) == 9
+
+
+def test_the_learning_rate_sweep_runs_beside_the_grid_as_rows_of_its_own(tmp_path, monkeypatch):
+    runs = ex.plan(["justrl", "stapo"], [0, 1], sweep_lrs=[1e-6, 2e-5])
+    assert [r.name for r in runs[4:]] == ["justrl_lr1e-06-s0", "justrl_lr2e-05-s0"] and runs[5].method == "justrl"
+    for name in ("justrl-s0", "justrl_lr2e-05-s0"):  # the summary reads each as a method of its own
+        folder = tmp_path / "runs" / name
+        folder.mkdir(parents=True)
+        (folder / "metrics.jsonl").write_text(json.dumps({"step": 1, "data": {"critic/score/mean": 0.5}}) + "\n")
+    assert sorted(ex.read_runs(tmp_path)) == ["justrl", "justrl_lr2e-05"]
+    monkeypatch.setattr(ex.torch.cuda, "device_count", lambda: 0)
+    args = ex.build_parser().parse_args(["run", "--out", str(tmp_path), "--sweep-lrs", "1e-6", "1e-6"])
+    with pytest.raises(SystemExit, match="--sweep-lrs"):
+        ex.check_run_args(args)
 
 
 STUB = """
@@ -445,6 +460,8 @@ def test_a_prepared_model_and_task_replace_the_tiny_warm_up(tmp_path, monkeypatc
     assert f"actor_rollout_ref.model.path={tmp_path / 'model'}" in overrides
     assert f"data.val_files={tmp_path / 'task' / 'validation.parquet'}" in overrides
     assert "actor_rollout_ref.actor.optim.lr=1e-6" in overrides and "data.max_prompt_length=192" in overrides
+    sweep = ex.run_overrides(ex.Run("justrl", 0, 2e-5), args.model, ex.task_paths(args.data), args)
+    assert "actor_rollout_ref.actor.optim.lr=2e-05" in sweep and "actor_rollout_ref.actor.optim.lr=1e-6" not in sweep
     assert ex.prepared_model(args) == tmp_path / "model"
     record = json.loads((tmp_path / "exp" / "experiment.json").read_text())
     assert record["model"] == str(tmp_path / "model") and len(record["weights_sha256"]) == 64
@@ -458,3 +475,45 @@ def test_a_prepared_model_and_task_replace_the_tiny_warm_up(tmp_path, monkeypatc
     ):
         with pytest.raises(SystemExit, match=message):
             ex.check_run_args(ex.build_parser().parse_args(["run", "--out", str(tmp_path / "x"), *bad]))
+
+
+def test_a_local_cluster_of_two_nodes_gives_each_node_its_gpus(tmp_path, foreign_ray_ignored):
+    """The stand-in for two machines of ``python -m stapo.checks.gpu_smoke --nodes 2``: two Ray nodes on this machine,
+    one GPU declared to Ray on each (no GPU is touched), a dashboard that ``ray job submit`` reaches, and the join
+    check of scripts/slurm.sbatch (``python -m stapo.train.clusters wait``), which counts nodes of one host apart."""
+    import socket
+    import urllib.request
+
+    import ray
+    from ray.util.placement_group import placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    host = socket.gethostname()
+    with clusters.local_cluster(["0", "1"], tmp_path / "ray.log") as (address, dashboard):
+        assert json.loads(urllib.request.urlopen(dashboard + "/api/version", timeout=10).read())["ray_version"]
+        ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+        try:
+            group = placement_group([{"GPU": 1}, {"GPU": 1}], strategy="STRICT_SPREAD")  # as verl's nnodes=2 pools
+            ray.get(group.ready(), timeout=60)
+
+            @ray.remote(num_gpus=1, num_cpus=0)
+            def where():
+                return ray.get_runtime_context().get_node_id(), os.environ["CUDA_VISIBLE_DEVICES"]
+
+            placed = ray.get([
+                where.options(scheduling_strategy=PlacementGroupSchedulingStrategy(group, bundle)).remote()
+                for bundle in (0, 1)
+            ])  # fmt: skip
+        finally:
+            ray.shutdown()
+        assert len({node for node, _ in placed}) == 2 and sorted(gpu for _, gpu in placed) == ["0", "1"]
+        wait = [sys.executable, "-m", "stapo.train.clusters", "wait", address]
+        joined = subprocess.run([*wait, "60", host, host], capture_output=True, text=True, timeout=120)
+        assert joined.returncode == 0 and f"all 2 node(s) joined: {host.split('.')[0]}" in joined.stdout
+        late = subprocess.run([*wait, "3", host, "node-that-never-came"], capture_output=True, text=True, timeout=60)
+        assert late.returncode == 1 and late.stderr.strip().splitlines()[-1].startswith(
+            "error: node(s) node-that-never-came did not join the Ray cluster"
+        )
+        three = subprocess.run([*wait, "3", host, host, host], capture_output=True, text=True, timeout=60)
+        assert "error: node(s) 1 of 3 did not join" in three.stderr
+    foreign_ray_ignored()

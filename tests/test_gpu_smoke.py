@@ -1,6 +1,6 @@
 """The GPU smoke's checker (stapo/checks/gpu_smoke.py) on records written here as a 1-GPU STAPO run writes them:
 it passes a run that did what the rule says and names each way a run can fail (check 6: silenced ⌈q(k−1)⌉ ± 1 of
-each quantile pool's k candidates, float32 entropies, no dtype warning)."""
+each quantile pool's k candidates, float32 entropies, no dtype warning; check 8: vLLM agrees with the actor)."""
 
 import json
 
@@ -9,13 +9,14 @@ import pytest
 from stapo.checks.gpu_smoke import check, pool_problems
 
 
-def write_run(out, pools, entropy_dtype="torch.float32", log=""):
+def write_run(out, pools, entropy_dtype="torch.float32", log="", correlation=0.99997):
     """One STAPO step (policy_source=old, one rank, two micro-batches per mini-batch) whose mini-batches had
     ``pools`` = [(candidates, silenced)]."""
     masked = sum(s for _, s in pools)
     (out / "audit").mkdir(parents=True)
     step = {"actor/pg_loss": 0.1, "s2t/candidate_frac": 0.1, "stapo/candidate_tokens": sum(k for k, _ in pools)}
     step.update({"stapo/masked_tokens": masked, "stapo/expected_masked_tokens": masked, "stapo/masked_frac": 0.01})
+    step["training/rollout_actor_probs_pearson_corr"] = correlation
     (out / "metrics.jsonl").write_text(json.dumps({"step": 1, "data": step}) + "\n")
     (out / "train.log").write_text(log)
     loss = [
@@ -60,6 +61,14 @@ def test_a_run_that_follows_the_rule_passes(tmp_path):
 def test_each_failure_is_named(tmp_path, pools, dtype, log, expected):
     problems, _ = check("stapo", write_run(tmp_path / "run", pools, dtype, log), gpus=1)
     assert len(problems) == 1 and expected in problems[0]
+
+
+@pytest.mark.parametrize("correlation", [0.98, float("nan")])
+def test_vllm_and_the_actor_must_agree(tmp_path, correlation):
+    """Check 8: a run whose sampler and trainer disagree (another run's weights in vLLM, a broken weight sync over
+    nodes) fails, as does one that did not log the comparison."""
+    problems, _ = check("stapo", write_run(tmp_path / "run", GOOD, correlation=correlation), gpus=1)
+    assert len(problems) == 1 and "vLLM's and the actor's probabilities correlate" in problems[0]
 
 
 def test_one_token_of_slack_per_pool():

@@ -2,6 +2,12 @@
 vLLM rollouts and the FSDP engine, on a tiny random Qwen3 built here (no downloads), with audit mode on.
 
     python -m stapo.checks.gpu_smoke --out /tmp/smoke [--gpus 1] [--steps 4] [--methods justrl,stapo,stapo_current]
+        [--nodes 2]
+
+With ``--nodes N`` the runs go the multi-node way: a Ray cluster of N nodes on this machine (a head and N − 1 more
+raylets, ``--gpus``/N GPUs each, :func:`stapo.train.clusters.local_cluster`), each run submitted through
+scripts/ray_job.sh with ``trainer.nnodes=N``, and NCCL kept off shared memory and peer-to-peer copies, so that the
+ranks talk over the network transport they would use between machines.
 
 It exits non-zero if any of these fails, for every STAPO run:
   1. masked tokens exist whenever candidates exist (and candidates exist at least once);
@@ -14,7 +20,8 @@ It exits non-zero if any of these fails, for every STAPO run:
      had ⌈q(k−1)⌉ ± 1 of them silenced, what the rule gives with distinct entropies, and the entropies reached the
      mask in float32;
 and for every run, JustRL included: 7. the s2t/* metrics (S2T rule and gradient-norm bound) are logged every step,
-and no process warned that entropies arrived in another dtype than float32.
+and no process warned that entropies arrived in another dtype than float32; 8. vLLM's and the actor's probabilities
+of the sampled tokens agree (Pearson correlation ≥ :data:`MIN_PROBS_CORRELATION` every step).
 The reward is the fraction of digits in the response: continuous, so every group has positive and negative
 advantages.
 """
@@ -23,22 +30,31 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
 import time
 from collections import defaultdict
+from contextlib import ExitStack
 from pathlib import Path
 
 from stapo.config import StapoConfig
-from stapo.quickstart.tiny import tiny_run_overrides
+from stapo.quickstart.tiny import replace_overrides, tiny_run_overrides
 from stapo.s2t import distinct_silenced
 from stapo.tools.io import output_problem
 from stapo.tools.io import read_jsonl as _read_jsonl
+from stapo.train.clusters import local_cluster
 
 S2T_METRICS = ("s2t/candidate_frac", "s2t/spurious_frac", "s2t/grad_bound/spurious_share")
 
 MICRO_PER_MINI = 2  # policy_source=old: two micro-batches per mini-batch and rank, to exercise accumulation
+MIN_PROBS_CORRELATION = 0.999
+"""Check 8's floor for ``training/rollout_actor_probs_pearson_corr`` (the smokes of docs/gpu-evidence.md: 0.99997)."""
+RAY_JOB = Path(__file__).resolve().parents[2] / "scripts" / "ray_job.sh"
+NETWORK_NCCL = {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1"}
+"""NCCL settings of the ``--nodes`` runs: the ranks of the nodes of one machine would otherwise use shared memory or
+peer-to-peer copies, which nodes of a real cluster cannot."""
 
 
 def smoke_reward(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
@@ -93,20 +109,27 @@ def overrides(method: str, model: Path, data: Path, gpus: int, steps: int, out: 
     return args
 
 
-def run(method: str, model: Path, data: Path, gpus: int, steps: int, root: Path) -> tuple[Path, float]:
+def run(method: str, model: Path, data: Path, gpus: int, steps: int, root: Path, nodes: int = 1) -> tuple[Path, float]:
+    """Train ``method`` in ``root/method`` (log, metrics, audit); on ``nodes`` Ray nodes through scripts/ray_job.sh
+    when more than one."""
     out = root / method
     out.mkdir(parents=True, exist_ok=True)
     config = "stapo" if method.startswith("stapo") else method
     env = {**os.environ, "VERL_FILE_LOGGER_PATH": str(out / "metrics.jsonl"), "STAPO_AUDIT_DIR": str(out / "audit")}
-    cmd = [
-        sys.executable,
-        "-m",
-        "stapo.train",
-        f"--config-name={config}",
-        *overrides(method, model, data, gpus, steps, out),
-    ]
+    args = overrides(method, model, data, gpus, steps, out)
     start = time.time()
-    with open(out / "train.log", "w") as log:
+    with open(out / "train.log", "w") as log, ExitStack() as cluster:
+        if nodes == 1:
+            cmd = [sys.executable, "-m", "stapo.train", f"--config-name={config}", *args]
+        else:
+            per_node = gpus // nodes
+            args = replace_overrides(args, {"trainer.nnodes": nodes, "trainer.n_gpus_per_node": per_node})
+            args += [f"+ray_kwargs.ray_init.runtime_env.env_vars.{k}={v}" for k, v in NETWORK_NCCL.items()]
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES", ",".join(map(str, range(gpus)))).split(",")
+            node_gpus = [",".join(visible[i * per_node : (i + 1) * per_node]) for i in range(nodes)]
+            _, dashboard = cluster.enter_context(local_cluster(node_gpus, out / "ray.log"))
+            env["RAY_ADDRESS"] = dashboard
+            cmd = ["bash", str(RAY_JOB), config, "qwen3_1.7b", *args]  # the tiny model's overrides replace the size's
         proc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
     if proc.returncode != 0:
         tail = (out / "train.log").read_text()[-4000:]
@@ -128,6 +151,13 @@ def check(method: str, out: Path, gpus: int) -> tuple[list[str], dict]:
     problems += [f"step {i + 1}: no {', '.join(S2T_METRICS)}" for i, s in enumerate(steps) if S2T_METRICS[0] not in s]
     warnings = [line for line in (out / "train.log").read_text().splitlines() if "STAPO WARNING" in line]
     problems += [f"train.log: {line.strip()[:300]}" for line in warnings[:3]]
+    correlation = [s.get("training/rollout_actor_probs_pearson_corr", math.nan) for s in steps]
+    summary["probs_correlation"] = [round(c, 6) for c in correlation]
+    problems += [
+        f"step {i + 1}: vLLM's and the actor's probabilities correlate {c:.6f} (< {MIN_PROBS_CORRELATION})"
+        for i, c in enumerate(correlation)
+        if not c >= MIN_PROBS_CORRELATION
+    ]
     if method == "justrl":
         if any(k.startswith("stapo/") for s in steps for k in s):
             problems.append("justrl logged stapo/* metrics: the mask ran in a baseline")
@@ -213,7 +243,10 @@ def main() -> None:
     parser.add_argument("--gpus", type=int, default=1)
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--methods", default="justrl,stapo,stapo_current")
+    parser.add_argument("--nodes", type=int, default=1, help="Ray nodes on this machine (--gpus/N GPUs each)")
     args = parser.parse_args()
+    if args.nodes < 1 or args.gpus % args.nodes:
+        parser.exit(2, f"error: --nodes {args.nodes}: must divide --gpus {args.gpus} (GPUs per node)\n")
     import torch
 
     if torch.cuda.device_count() < args.gpus:
@@ -225,14 +258,10 @@ def main() -> None:
     model, data = build_assets(args.out)
     failed = False
     for method in args.methods.split(","):
-        out, seconds = run(method, model, data, args.gpus, args.steps, args.out)
+        out, seconds = run(method, model, data, args.gpus, args.steps, args.out, args.nodes)
         problems, summary = check(method, out, args.gpus)
-        print(
-            json.dumps(
-                {"method": method, "gpus": args.gpus, "seconds": round(seconds), **summary, "problems": problems}
-            ),
-            flush=True,
-        )
+        head = {"method": method, "gpus": args.gpus, "nodes": args.nodes, "seconds": round(seconds)}
+        print(json.dumps({**head, **summary, "problems": problems}), flush=True)
         failed |= bool(problems)
     sys.exit(1 if failed else 0)
 

@@ -97,16 +97,20 @@ class Run:
 
     method: str
     seed: int
+    lr: float | None = None
+    """The actor's learning rate where it differs from the experiment's (a run of the learning-rate sweep)."""
 
     @property
     def name(self) -> str:
-        return f"{self.method}-s{self.seed}"
+        """``METHOD-sSEED``, or ``METHOD_lrLR-sSEED`` for a sweep run (its own row in the summary)."""
+        return f"{self.method}{'' if self.lr is None else f'_lr{self.lr:g}'}-s{self.seed}"
 
 
-def plan(method_names: Sequence[str], seeds: Sequence[int]) -> list[Run]:
+def plan(method_names: Sequence[str], seeds: Sequence[int], sweep_lrs: Sequence[float] = ()) -> list[Run]:
     """Every (method, seed), seed-major: the runs start in this order, so that every method has as many finished
-    seeds as the others at any time."""
-    return [Run(method, seed) for seed in seeds for method in method_names]
+    seeds as the others at any time; then the first method and seed at each learning rate of ``sweep_lrs``."""
+    grid = [Run(method, seed) for seed in seeds for method in method_names]
+    return grid + [Run(method_names[0], seeds[0], lr) for lr in sweep_lrs]
 
 
 def run_overrides(run: Run, warm: Path, paths: dict[str, Path], args: argparse.Namespace) -> list[str]:
@@ -143,6 +147,7 @@ def run_overrides(run: Run, warm: Path, paths: dict[str, Path], args: argparse.N
         "stapo.tau_p": args.tau_p,
         "stapo.q": args.q,
         **dict(override.split("=", 1) for override in args.overrides),
+        **({} if run.lr is None else {"actor_rollout_ref.actor.optim.lr": run.lr}),
     }
     return replace_overrides(train_overrides(run.method, warm, paths, args.steps, out, args.tau_p), changes)
 
@@ -286,6 +291,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--methods", nargs="+", default=["justrl", "stapo", "grpo"], help="recipe methods (configs/)")
     run.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="RL seeds (prompt order, sampling)")
+    run.add_argument(
+        "--sweep-lrs",
+        nargs="+",
+        type=float,
+        default=[],
+        metavar="LR",
+        help="also run the first method and seed at each of these learning rates, beside the grid (a learning-rate "
+        "sweep in the same launch: one Ray job numbering, so no run shares another's weight-transfer socket)",
+    )
     run.add_argument("--steps", type=int, default=150, help="RL steps per run")
     run.add_argument(
         "--prompts",
@@ -318,6 +332,8 @@ def check_run_args(args: argparse.Namespace) -> list[str]:
         raise SystemExit(f"error: --methods: unknown {', '.join(unknown)}; choose from {', '.join(methods())}")
     if len(set(args.methods)) < len(args.methods) or len(set(args.seeds)) < len(args.seeds):
         raise SystemExit("error: --methods and --seeds must not repeat a value")
+    if len(set(args.sweep_lrs)) < len(args.sweep_lrs) or not all(lr > 0 for lr in args.sweep_lrs):
+        raise SystemExit(f"error: --sweep-lrs {args.sweep_lrs}: distinct positive learning rates")
     for name in ("steps", "test_freq", "val_n", "runs_per_gpu"):
         if getattr(args, name) < 1:
             raise SystemExit(f"error: --{name.replace('_', '-')}={getattr(args, name)}: must be a positive integer")
@@ -544,7 +560,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         config = [sys.executable, "-m", "stapo.train", f"--config-name={run.method}"]
         return config + run_overrides(run, folder, paths, args)
 
-    codes = launch(plan(args.methods, args.seeds), command, gpus, args.out, 60 * args.stall_minutes)
+    codes = launch(plan(args.methods, args.seeds, args.sweep_lrs), command, gpus, args.out, 60 * args.stall_minutes)
     print(summarize(args.out, args.out / "plots"))
     failed = sorted(name for name, code in codes.items() if code)
     if failed:

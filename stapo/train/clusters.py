@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -64,6 +65,77 @@ def ray_head(gpu: str, log: Path) -> Iterator[tuple[str, subprocess.Popen]]:
         record = Path(get_ray_address_file(None))
         if record.is_file() and record.read_text().strip() == address:
             record.unlink()
+
+
+@contextmanager
+def local_cluster(node_gpus: Sequence[str], log: Path, timeout_s: float = 120) -> Iterator[tuple[str, str]]:
+    """A Ray cluster of ``len(node_gpus)`` nodes on this machine, as Ray's own test clusters build one: a head and one
+    more raylet per entry, each over the GPUs of its entry (``CUDA_VISIBLE_DEVICES``, e.g. ``["0", "1"]``: two nodes of
+    one GPU); yields the GCS address and the dashboard's URL (for ``ray job submit``, scripts/ray_job.sh) once every
+    node has joined, and stops the nodes on exit, workers first. It stands in for several machines in the checks of the
+    multi-node path (``python -m stapo.checks.gpu_smoke --nodes 2``); every port is chosen free, so that it runs beside
+    other clusters."""
+    from ray.util import get_node_ip_address
+
+    port, client_port, dashboard_port, *agent_ports = free_ports(3 + len(node_gpus))
+    address, dashboard = f"{get_node_ip_address()}:{port}", f"http://127.0.0.1:{dashboard_port}"
+    start = [sys.executable, "-m", "ray.scripts.scripts", "start", "--block", "--disable-usage-stats"]
+    nodes = [
+        [*start, "--head", f"--port={port}", f"--ray-client-server-port={client_port}", "--include-dashboard=true"]
+        + ["--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard_port}"]
+    ] + [[*start, f"--address={address}"] for _ in node_gpus[1:]]
+    processes: list[subprocess.Popen] = []
+    try:
+        with open(log, "a") as out:
+            for cmd, gpus, agent_port in zip(nodes, node_gpus, agent_ports):
+                cmd += [f"--num-gpus={len(gpus.split(','))}", f"--dashboard-agent-listen-port={agent_port}"]
+                env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpus}
+                processes.append(subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT))
+                if len(processes) == 1:  # the others join the head once it answers
+                    wait_for_nodes(address, 1, timeout_s, processes)
+        wait_for_nodes(address, len(node_gpus), timeout_s, processes)
+        yield address, dashboard
+    finally:
+        for process in reversed(processes):  # workers first, while the head's GCS still answers their drain
+            process.terminate()
+            with suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=60)
+            if process.poll() is None:
+                process.kill()
+
+
+def wait_for_nodes(
+    address: str, count: int, timeout_s: float, processes: Sequence[subprocess.Popen] = (), names: Sequence[str] = ()
+) -> int:
+    """Waits until the Ray cluster at ``address`` has ``count`` live nodes, among them one on each host of ``names``
+    (short host names, as ``scontrol show hostnames`` lists Slurm's nodes; several nodes of one host count apart);
+    returns the live nodes. Stops with one line naming what is missing after ``timeout_s`` seconds, or at once if one of
+    ``processes`` (the nodes' ``ray start``) exited."""
+    import ray
+
+    deadline, short = time.monotonic() + timeout_s, {name.split(".")[0] for name in names}
+    alive: list[str] = []
+    while True:
+        for process in processes:
+            if process.poll() is not None:
+                raise SystemExit(f"error: a Ray node of the cluster at {address} exited ({shlex.join(process.args)})")
+        try:
+            if not ray.is_initialized():
+                ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+            alive = [n["NodeManagerHostname"].split(".")[0] for n in ray.nodes() if n["Alive"]]
+        except ConnectionError:
+            alive = []
+        if len(alive) >= count and short <= set(alive):
+            ray.shutdown()
+            return len(alive)
+        if time.monotonic() > deadline:
+            ray.shutdown()
+            missing = " ".join(sorted(short - set(alive))) or f"{count - len(alive)} of {count}"
+            raise SystemExit(
+                f"error: node(s) {missing} did not join the Ray cluster at {address} within {timeout_s:g} s "
+                f"(live: {len(alive)}: {' '.join(alive) or 'none'})"
+            )
+        time.sleep(1)
 
 
 def claim_job(address: str, head: subprocess.Popen, slot: int, log: Path) -> None:
@@ -193,3 +265,24 @@ def launch(runs: Sequence, command: Callable[..., list[str]], gpus: Sequence[str
             process.wait()
             cluster.close()
     return codes
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m stapo.train.clusters wait ADDRESS SECONDS NODE...``: wait until every Slurm node of the job has
+    joined the Ray cluster at ``ADDRESS`` (scripts/slurm.sbatch), one line when they have, one error line when not."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m stapo.train.clusters", description=main.__doc__.split(":")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    wait = commands.add_parser("wait", help="wait until the nodes have joined the Ray cluster")
+    wait.add_argument("address", help="the head's GCS address, HEAD_IP:PORT")
+    wait.add_argument("seconds", type=float, help="how long to wait")
+    wait.add_argument("nodes", nargs="+", help="the nodes' host names (each must run a Ray node)")
+    args = parser.parse_args(argv)
+    wait_for_nodes(args.address, len(args.nodes), args.seconds, names=args.nodes)
+    names = " ".join(sorted({n.split(".")[0] for n in args.nodes}))
+    print(f"stapo: Ray cluster at {args.address}: all {len(args.nodes)} node(s) joined: {names}")
+
+
+if __name__ == "__main__":
+    main()
