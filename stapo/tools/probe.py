@@ -69,17 +69,24 @@ def read_prompts(path: Path, count: int, seed: int) -> list[dict]:
     return rows[:count]
 
 
-def sample_vllm(model: Path, prompts: list[list[int]], n: int, max_tokens: int, seed: int) -> list[list[tuple]]:
-    """``n`` samples of each prompt at temperature 1 with vLLM: lists of (token ids, truncated)."""
-    from vllm import LLM, SamplingParams
+@functools.cache
+def _vllm(model: Path, seed: int):
+    """One vLLM engine for the whole probe (its files sampled one after the other from the engine's seeded stream)."""
+    from vllm import LLM
 
     # eager: starts in seconds. A given KV-cache size: vLLM skips its free-memory profiling, which fails when another
     # process on the GPU frees memory meanwhile (seen on an H200 beside a finishing verl run, vLLM 0.24)
-    llm = LLM(
+    return LLM(
         model=str(model), seed=seed, gpu_memory_utilization=0.3, enforce_eager=True, kv_cache_memory_bytes=KV_CACHE
     )
+
+
+def sample_vllm(model: Path, prompts: list[list[int]], n: int, max_tokens: int, seed: int) -> list[list[tuple]]:
+    """``n`` samples of each prompt at temperature 1 with vLLM: lists of (token ids, truncated)."""
+    from vllm import SamplingParams
+
     params = SamplingParams(n=n, temperature=1.0, top_p=1.0, max_tokens=max_tokens)
-    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+    outputs = _vllm(model, seed).generate([{"prompt_token_ids": p} for p in prompts], params)
     return [[(list(o.token_ids), o.finish_reason == "length") for o in out.outputs] for out in outputs]
 
 
