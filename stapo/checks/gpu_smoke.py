@@ -51,7 +51,8 @@ S2T_METRICS = ("s2t/candidate_frac", "s2t/spurious_frac", "s2t/grad_bound/spurio
 MICRO_PER_MINI = 2  # policy_source=old: two micro-batches per mini-batch and rank, to exercise accumulation
 MIN_PROBS_CORRELATION = 0.999
 """Check 8's floor for ``training/rollout_actor_probs_pearson_corr`` (the smokes of docs/gpu-evidence.md: 0.99997)."""
-RAY_JOB = Path(__file__).resolve().parents[2] / "scripts" / "ray_job.sh"
+RAY_JOB = Path("scripts") / "ray_job.sh"
+"""The launcher of the ``--nodes`` runs, in the checkout (it is not part of the installed package)."""
 NETWORK_NCCL = {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1"}
 """NCCL settings of the ``--nodes`` runs: the ranks of the nodes of one machine would otherwise use shared memory or
 peer-to-peer copies, which nodes of a real cluster cannot."""
@@ -129,12 +130,21 @@ def run(method: str, model: Path, data: Path, gpus: int, steps: int, root: Path,
             node_gpus = [",".join(visible[i * per_node : (i + 1) * per_node]) for i in range(nodes)]
             _, dashboard = cluster.enter_context(local_cluster(node_gpus, out / "ray.log"))
             env["RAY_ADDRESS"] = dashboard
-            cmd = ["bash", str(RAY_JOB), config, "qwen3_1.7b", *args]  # the tiny model's overrides replace the size's
+            cmd = ["bash", str(ray_job()), config, "qwen3_1.7b", *args]  # the tiny model's overrides replace the size's
         proc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
     if proc.returncode != 0:
         tail = (out / "train.log").read_text()[-4000:]
         raise SystemExit(f"{method}: training failed (exit {proc.returncode}); last log lines:\n{tail}")
     return out, time.time() - start
+
+
+def ray_job() -> Path:
+    """scripts/ray_job.sh of the checkout this module comes from, or of the working directory (where the package is
+    installed elsewhere)."""
+    for root in (Path(__file__).resolve().parents[2], Path.cwd()):
+        if (root / RAY_JOB).is_file():
+            return root / RAY_JOB
+    raise SystemExit(f"error: --nodes submits through {RAY_JOB}: run from the repository's checkout")
 
 
 def read_jsonl(paths) -> list[dict]:
@@ -254,6 +264,9 @@ def main() -> None:
                        "with verl, vLLM and FSDP on GPUs (without one: bash scripts/quickstart.sh)\n")  # fmt: skip
     if problem := output_problem(args.out, "folder"):
         parser.exit(2, f"error: {problem}\n")
+    if args.nodes > 1:
+        ray_job()
+        args.out = args.out.resolve()  # the job runs in the Ray head's working directory
     args.out.mkdir(parents=True, exist_ok=True)
     model, data = build_assets(args.out)
     failed = False

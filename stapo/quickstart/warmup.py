@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import shutil
 from pathlib import Path
 
 import torch
@@ -42,10 +43,15 @@ def warmup_problems(levels: list[int], count: int, seed: int, exclude: set[str])
 
 def save_bfloat16(model, tokenizer, folder: Path) -> None:
     """Save a copy of the float32 model in bfloat16, as the pretrained folder holds it (what verl and vLLM load), and
-    the tokenizer; the model in memory keeps its float32 weights for the next round."""
-    copy.deepcopy(model).to(torch.bfloat16).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    follow_umask(folder)
+    the tokenizer; the model in memory keeps its float32 weights for the next round. The folder appears whole (written
+    beside it, then renamed), so that a reader waiting for it (a probe of each saved model) never loads half of one."""
+    partial = folder.with_name(f".{folder.name}.partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    copy.deepcopy(model).to(torch.bfloat16).save_pretrained(partial)
+    tokenizer.save_pretrained(partial)
+    follow_umask(partial)
+    shutil.rmtree(folder, ignore_errors=True)
+    partial.rename(folder)
 
 
 def main(argv: list[str] | None = None) -> None:
