@@ -38,6 +38,7 @@ except urllib.error.HTTPError as error:
 except Exception as error:
     sys.exit(f"error: no Ray dashboard answers at RAY_ADDRESS={address} ({getattr(error, 'reason', error)}): {hint}")
 EOF
-exec ray job submit --address="$RAY_ADDRESS" \
-  --runtime-env-json='{"env_vars": {"VERL_USE_EXTERNAL_MODULES": "stapo.train.plugin"}}' \
-  -- python3 -m stapo.train --config-name="$method" size="$size" "$@"
+# No job-level runtime env: the recipe's configs give ray.init a runtime env (VERL_USE_EXTERNAL_MODULES, the audit and
+# logger paths), and Ray 2.60 refuses a driver's runtime env that repeats a key of the job's ("Failed to merge the
+# Job's runtime env"), which stopped every job this script submitted (found by gpu_smoke --nodes 2, 2026-11-27).
+exec ray job submit --address="$RAY_ADDRESS" -- python3 -m stapo.train --config-name="$method" size="$size" "$@"
