@@ -53,6 +53,8 @@ MIN_PROBS_CORRELATION = 0.999
 """Check 8's floor for ``training/rollout_actor_probs_pearson_corr`` (the smokes of docs/gpu-evidence.md: 0.99997)."""
 RAY_JOB = Path("scripts") / "ray_job.sh"
 """The launcher of the ``--nodes`` runs, in the checkout (it is not part of the installed package)."""
+FIRST_SLOT = 40
+"""The ``--nodes`` runs' Ray job ids come after those of 40 runs of ``python -m stapo.quickstart.experiment``."""
 NETWORK_NCCL = {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1"}
 """NCCL settings of the ``--nodes`` runs: the ranks of the nodes of one machine would otherwise use shared memory or
 peer-to-peer copies, which nodes of a real cluster cannot."""
@@ -125,10 +127,12 @@ def run(method: str, model: Path, data: Path, gpus: int, steps: int, root: Path,
         else:
             per_node = gpus // nodes
             args = replace_overrides(args, {"trainer.nnodes": nodes, "trainer.n_gpus_per_node": per_node})
-            args += [f"+ray_kwargs.ray_init.runtime_env.env_vars.{k}={v}" for k, v in NETWORK_NCCL.items()]
+            args += [f'+ray_kwargs.ray_init.runtime_env.env_vars.{k}="{v}"' for k, v in NETWORK_NCCL.items()]
+            # beside other runs (their memory changes under vLLM's profiling; their sockets named after job ids)
+            args.append(f"+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes={1 << 30}")
             visible = os.environ.get("CUDA_VISIBLE_DEVICES", ",".join(map(str, range(gpus)))).split(",")
             node_gpus = [",".join(visible[i * per_node : (i + 1) * per_node]) for i in range(nodes)]
-            _, dashboard = cluster.enter_context(local_cluster(node_gpus, out / "ray.log"))
+            _, dashboard = cluster.enter_context(local_cluster(node_gpus, out / "ray.log", first_slot=FIRST_SLOT))
             env["RAY_ADDRESS"] = dashboard
             cmd = ["bash", str(ray_job()), config, "qwen3_1.7b", *args]  # the tiny model's overrides replace the size's
         proc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)

@@ -68,13 +68,16 @@ def ray_head(gpu: str, log: Path) -> Iterator[tuple[str, subprocess.Popen]]:
 
 
 @contextmanager
-def local_cluster(node_gpus: Sequence[str], log: Path, timeout_s: float = 120) -> Iterator[tuple[str, str]]:
+def local_cluster(
+    node_gpus: Sequence[str], log: Path, timeout_s: float = 120, first_slot: int = 0
+) -> Iterator[tuple[str, str]]:
     """A Ray cluster of ``len(node_gpus)`` nodes on this machine, as Ray's own test clusters build one: a head and one
     more raylet per entry, each over the GPUs of its entry (``CUDA_VISIBLE_DEVICES``, e.g. ``["0", "1"]``: two nodes of
     one GPU); yields the GCS address and the dashboard's URL (for ``ray job submit``, scripts/ray_job.sh) once every
     node has joined, and stops the nodes on exit, workers first. It stands in for several machines in the checks of the
     multi-node path (``python -m stapo.checks.gpu_smoke --nodes 2``); every port is chosen free, so that it runs beside
-    other clusters."""
+    other clusters, and its next drivers get Ray job ids above those of ``first_slot`` runs of :func:`launch` (verl's
+    weight-transfer sockets are named after job ids, :func:`claim_job`)."""
     from ray.util import get_node_ip_address
 
     port, client_port, dashboard_port, *agent_ports = free_ports(3 + len(node_gpus))
@@ -94,6 +97,8 @@ def local_cluster(node_gpus: Sequence[str], log: Path, timeout_s: float = 120) -
                 if len(processes) == 1:  # the others join the head once it answers
                     wait_for_nodes(address, 1, timeout_s, processes)
         wait_for_nodes(address, len(node_gpus), timeout_s, processes)
+        if first_slot:
+            claim_job(address, processes[0], first_slot, log)
         yield address, dashboard
     finally:
         for process in reversed(processes):  # workers first, while the head's GCS still answers their drain
