@@ -40,7 +40,6 @@ def ray_head(gpu: str, log: Path) -> Iterator[tuple[str, subprocess.Popen]]:
     Why a cluster each: verl 0.9.1 keeps a run's rollouts in TransferQueue, whose controller is a named Ray actor
     (``TransferQueueController`` in the namespace ``transfer_queue``), so the jobs of one cluster share it and take each
     other's rollouts (docs/experiments.md section 7)."""
-    from ray._common.utils import get_ray_address_file  # no public API names Ray's record of the latest cluster
     from ray.util import get_node_ip_address
 
     port, client_port, dashboard_port, agent_port = free_ports(4)
@@ -60,11 +59,18 @@ def ray_head(gpu: str, log: Path) -> Iterator[tuple[str, subprocess.Popen]]:
             head.wait(timeout=60)
         with suppress(ProcessLookupError):  # whatever is left of the cluster
             os.killpg(head.pid, signal.SIGKILL)
-        # `ray start` named this cluster in Ray's record of the machine's latest one, where every later local
-        # ray.init() (a plain training run) would look for it; `ray stop` would clear it, but stops every cluster
-        record = Path(get_ray_address_file(None))
-        if record.is_file() and record.read_text().strip() == address:
-            record.unlink()
+        forget(address)
+
+
+def forget(address: str) -> None:
+    """Remove Ray's record of the machine's latest cluster if it names ``address``: `ray start` wrote it, and every
+    later local ray.init() (a plain training run) would look for that stopped cluster there; `ray stop` would clear
+    it, but stops every cluster."""
+    from ray._common.utils import get_ray_address_file  # no public API names Ray's record of the latest cluster
+
+    record = Path(get_ray_address_file(None))
+    if record.is_file() and record.read_text().strip() == address:
+        record.unlink()
 
 
 @contextmanager
@@ -107,6 +113,7 @@ def local_cluster(
                 process.wait(timeout=60)
             if process.poll() is None:
                 process.kill()
+        forget(address)
 
 
 def wait_for_nodes(
