@@ -4,7 +4,9 @@
 # (a) a local Ray head (`ray start --head`): scripts/ray_job.sh submits a run that must reach the training's
 #     preflight inside the cluster ("needs N GPUs; the Ray cluster at ... has 0"), and its error paths;
 # (b) a one-node Slurm (slurm-wlm and munge, installed with apt-get if missing; /etc/slurm/slurm.conf written for
-#     this machine if there is none): scripts/slurm.sbatch starts Ray, waits for the node, and reaches the same line.
+#     this machine if there is none): scripts/slurm.sbatch starts Ray, waits for the node, and reaches the same line;
+# (c) two Slurm nodes simulated on this machine (a second, private Slurm with two slurmd, Slurm's "multiple slurmd"):
+#     slurm.sbatch --nodes=2 starts Ray on both, waits for both, reaches the line with trainer.nnodes=2, stops Ray.
 # Tiny local data and model files stand in for the real ones, so that only the GPU check fails. Prints PASS/FAIL per
 # check, exits 1 on any failure; stops the Ray heads and the Slurm daemons it started and removes its files.
 usage() {
@@ -14,7 +16,9 @@ Checks scripts/ray_job.sh against a local Ray head and scripts/slurm.sbatch unde
 without GPUs; prints PASS/FAIL per check and exits 1 on any failure.
 It changes the system (as root, on Debian): installs slurm-wlm and munge with apt-get if they are missing, writes
 /etc/slurm/slurm.conf if there is none, creates /etc/munge/munge.key if there is none, and starts munged, slurmctld
-and slurmd (those it started are stopped at the end; packages and files stay). It lists these and asks first.
+and slurmd (those it started are stopped at the end; packages and files stay). For (c) it also starts a private
+two-node Slurm under /tmp (its own munged socket, ports and state; stopped and removed at the end). It lists these and
+asks first.
   --yes      do not ask (CI, scripts)
   -h, --help this text
 USAGE
@@ -30,7 +34,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 [ -n "${VIRTUAL_ENV-}" ] || [ ! -f .venv/bin/activate ] || source .venv/bin/activate
 [ "$(id -u)" = 0 ] || { echo "FAIL: run as root (installs and starts Slurm)"; exit 1; }
-failed=0 started=() ray_head= t0=$SECONDS
+failed=0 started=() ray_head= sim= t0=$SECONDS
 tmp=$(mktemp -d /tmp/cl.XXXX)  # short: Ray's socket paths under it must stay below 108 characters
 stale_before=$([ -e /tmp/ray/ray_current_cluster ] && echo yes)
 result() {  # ok? name...
@@ -45,6 +49,7 @@ wait_gone() {  # pid... : up to 60 s
 cleanup() {
   if [ -n "$ray_head" ]; then kill -TERM "$ray_head" 2>/dev/null; wait "$ray_head" 2>/dev/null; fi
   [ -n "${job-}" ] && scancel "$job" 2>/dev/null
+  [ -n "$sim" ] && sim_down
   local name pid
   for name in slurmd slurmctld munged; do  # only those this script started, in reverse order
     [[ " ${started[*]} " == *" $name "* ]] || continue
@@ -87,18 +92,80 @@ PartitionName=debug Nodes=$host Default=YES MaxTime=INFINITE State=UP
 CONF
 }
 
+sim_conf() {  # (c): two nodes of this host, n1 and n2, each with its own slurmd port (SlurmdParameters: no hardware
+  # check, so both may declare the same CPUs), everything else private to $sim
+  local host; host=$(hostname -s)
+  cat <<CONF
+ClusterName=sim2
+SlurmctldHost=$host(127.0.0.1)
+SlurmctldPort=$(free_port)
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket=$sim/munge.socket
+MpiDefault=none
+MailProg=/bin/true
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+SchedulerType=sched/backfill
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+ReturnToService=2
+SlurmdParameters=config_overrides
+FirstJobId=$(( $(date +%s) % 800000 + 100000 ))
+StateSaveLocation=$sim/ctld
+SlurmdSpoolDir=$sim/d-%n
+SlurmctldPidFile=$sim/slurmctld.pid
+SlurmdPidFile=$sim/slurmd-%n.pid
+SlurmctldLogFile=$sim/slurmctld.log
+SlurmdLogFile=$sim/slurmd-%n.log
+NodeName=n1 NodeHostname=$host NodeAddr=127.0.0.1 Port=$(free_port) CPUs=2 CoresPerSocket=2 RealMemory=4000
+NodeName=n2 NodeHostname=$host NodeAddr=127.0.0.1 Port=$(free_port) CPUs=2 CoresPerSocket=2 RealMemory=4000
+PartitionName=sim Nodes=n1,n2 Default=YES MaxTime=INFINITE State=UP
+CONF
+}
+
+sim_up() {  # (c): munged on its own socket, slurmctld, slurmd -N n1, slurmd -N n2; 0 once a two-node step runs
+  sim=$(mktemp -d /tmp/cl-sim.XXXX) && chmod 755 "$sim" && chown munge:munge "$sim" || return 1
+  sim_conf >"$sim/slurm.conf" || return 1
+  runuser -u munge -- /usr/sbin/munged --socket="$sim/munge.socket" --pid-file="$sim/munged.pid" \
+    --log-file="$sim/munged.log" --seed-file="$sim/munged.seed" || return 1
+  SLURM_CONF=$sim/slurm.conf slurmctld && SLURM_CONF=$sim/slurm.conf slurmd -N n1 &&
+    SLURM_CONF=$sim/slurm.conf slurmd -N n2 || return 1
+  for _ in $(seq 30); do
+    SLURM_CONF=$sim/slurm.conf timeout 10 srun --immediate=5 --time=1 --nodes=2 true 2>/dev/null && return 0
+    sleep 1
+  done
+  SLURM_CONF=$sim/slurm.conf sinfo -N; return 1
+}
+
+sim_down() {  # (c): stop its daemons by their pid files (slurmd, slurmctld, munged), remove its files; 1 if one stays
+  local f pid left=0
+  for f in "$sim"/slurmd-n2.pid "$sim"/slurmd-n1.pid "$sim"/slurmctld.pid "$sim"/munged.pid; do
+    [ -s "$f" ] || continue
+    pid=$(cat "$f")
+    kill "$pid" 2>/dev/null; wait_gone "$pid" || { echo "FAIL  $(basename "$f" .pid) ($pid) still running"; left=1; }
+  done
+  rm -rf "$sim"; sim=
+  return $left
+}
+
 system_changes() {  # what slurm_up will change on this machine, one line each (nothing: no output)
   command -v slurmctld slurmd sbatch munged >/dev/null || echo "  apt-get install slurm-wlm munge"
   [ -f /etc/slurm/slurm.conf ] || echo "  write /etc/slurm/slurm.conf (one node: this machine, no GPUs)"
   [ -s /etc/munge/munge.key ] || echo "  create /etc/munge/munge.key"
   local name
   for name in munged slurmctld slurmd; do pgrep -x $name >/dev/null || echo "  start $name (stopped at the end)"; done
+  echo "  for (c): start munged, slurmctld and two slurmd of a private Slurm under /tmp (stopped, removed at the end)"
 }
 
 confirm_changes() {  # 0 if there is nothing to change, --yes was given, or the user agrees
   local changes; changes=$(system_changes)
   [ -z "$changes" ] || [ -n "$assume_yes" ] && return 0
-  printf 'For part (b) this script will change the system:\n%s\n' "$changes"
+  printf 'For parts (b) and (c) this script will change the system:\n%s\n' "$changes"
   [ -t 0 ] || { echo "FAIL  not asked (no terminal): run with --yes to allow these changes"; return 1; }
   local answer; read -r -p "Proceed? [y/N] " answer
   [[ $answer == [yY]* ]]
@@ -203,6 +270,29 @@ result $? "(b) the job reached the training preflight in the cluster: $(grep -Eo
 grep -q "^stapo: Ray stopped" "$log" && [ -z "$(ours "/tmp/ray_$job/")" ] && [ "$rc" = 1 ] && [[ $state == *FAILED* ]]
 result $? "(b) Ray stopped at the end; the job's exit status is the training's (1)"
 rm -rf "/tmp/ray_$job"; job=
+
+# --- (c) scripts/slurm.sbatch on two Slurm nodes simulated on this machine -----------------------------------------
+# Node names n1 and n2 differ from the host name Ray reports for both: slurm.sbatch asks each node for its host name
+# (srun hostname -s) and waits for two Ray nodes of that host; each node's `ray start` has its own pid file.
+sim_up
+result $? "(c) two simulated Slurm nodes up (n1, n2 on $(hostname -s); private Slurm in $sim)" || exit 1
+job=$(SLURM_CONF=$sim/slurm.conf RAY_PORT=$(free_port) RAY_DASHBOARD_PORT=$(free_port) timeout 600 sbatch --wait \
+  --parsable --nodes=2 --cpus-per-task=2 --gpus-per-node=0 --output="$tmp/sim-%j.log" scripts/slurm.sbatch stapo \
+  qwen3_1.7b "${overrides[@]}" trainer.n_gpus_per_node=1)
+rc=$?
+log=$tmp/sim-$job.log
+[ -s "$log" ] && grep -q "^stapo: Ray head up on n1" "$log"
+result $? "(c) sbatch --nodes=2 scripts/slurm.sbatch ...: job $job started the Ray head on n1 (sbatch rc=$rc)"
+grep -q "^stapo: Ray cluster at .*: all 2 node(s) joined: $(hostname -s)" "$log" ||
+  { sed 's/^/  | /' "$log" | grep -v 'INFO\|^  | *$' | tail -20; false; }
+result $? "(c) both nodes joined the Ray cluster"
+grep -Eq 'error: trainer\.n_gpus_per_node=1 x trainer\.nnodes=2 needs 2 GPUs; the Ray cluster at [0-9.:]+ has 0' "$log"
+result $? "(c) the job reached the training preflight with trainer.nnodes=2: $(grep -Eom1 "$needs" "$log")"
+grep -q "^stapo: Ray stopped on n1 n2" "$log" && ! grep -q "CANCELLED\|Killed" "$log" && [ -z "$(ours "/tmp/ray_$job/")" ]
+result $? "(c) Ray stopped on both nodes by SIGTERM (no step killed), none of its processes left"
+rm -rf "/tmp/ray_$job"; job=
+sim_down
+result $? "(c) the simulated Slurm's daemons are stopped and its files removed"
 
 [ -n "$stale_before" ] || [ ! -e /tmp/ray/ray_current_cluster ]
 result $? "no /tmp/ray/ray_current_cluster left behind"

@@ -51,8 +51,8 @@ def test_ray_job_stops_with_one_line_before_contacting_a_cluster():
 
 def test_check_launchers_explains_itself_and_asks_before_changing_the_system(tmp_path):
     """--help and a bad argument print the usage and change nothing; without --yes and without a terminal the
-    script lists the system changes part (b) needs and stops before any check (as root; the list is empty, and
-    the check runs, only where Slurm is installed and running already)."""
+    script lists the system changes parts (b) and (c) need and stops before any check (as root, where Slurm is not
+    installed; the list is never empty: (c) always starts a private two-node Slurm)."""
     script = str(ROOT / "scripts" / "check_launchers.sh")
     out = subprocess.run(["bash", script, "--help"], capture_output=True, text=True, timeout=30, cwd=tmp_path)
     assert out.returncode == 0 and out.stdout.startswith("usage: bash scripts/check_launchers.sh [--yes]")
@@ -62,4 +62,4 @@ def test_check_launchers_explains_itself_and_asks_before_changing_the_system(tmp
     if os.geteuid() == 0 and not shutil.which("slurmctld"):
         out = subprocess.run(["bash", script], capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
         assert out.returncode == 1 and "apt-get install slurm-wlm munge" in out.stdout
-        assert "run with --yes" in out.stdout and "PASS" not in out.stdout
+        assert "run with --yes" in out.stdout and "PASS" not in out.stdout and "two slurmd" in out.stdout

