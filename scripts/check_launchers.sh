@@ -48,8 +48,8 @@ wait_gone() {  # pid... : up to 60 s
 }
 cleanup() {
   if [ -n "$ray_head" ]; then kill -TERM "$ray_head" 2>/dev/null; wait "$ray_head" 2>/dev/null; fi
+  [ -n "$sim" ] && sim_down  # (c)'s job too
   [ -n "${job-}" ] && scancel "$job" 2>/dev/null
-  [ -n "$sim" ] && sim_down
   local name pid
   for name in slurmd slurmctld munged; do  # only those this script started, in reverse order
     [[ " ${started[*]} " == *" $name "* ]] || continue
@@ -142,8 +142,14 @@ sim_up() {  # (c): munged on its own socket, slurmctld, slurmd -N n1, slurmd -N 
   SLURM_CONF=$sim/slurm.conf sinfo -N; return 1
 }
 
-sim_down() {  # (c): stop its daemons by their pid files (slurmd, slurmctld, munged), remove its files; 1 if one stays
+sim_down() {  # (c): cancel its jobs (an interrupted sbatch --wait leaves one), wait for their steps, stop its daemons
+  # by their pid files (slurmd, slurmctld, munged) and remove its files; 1 if a daemon stays
   local f pid left=0
+  if SLURM_CONF=$sim/slurm.conf scancel --user=root 2>/dev/null; then
+    for _ in $(seq 60); do
+      [ -z "$(SLURM_CONF=$sim/slurm.conf squeue --noheader 2>/dev/null)" ] && break; sleep 1
+    done
+  fi
   for f in "$sim"/slurmd-n2.pid "$sim"/slurmd-n1.pid "$sim"/slurmctld.pid "$sim"/munged.pid; do
     [ -s "$f" ] || continue
     pid=$(cat "$f")

