@@ -230,10 +230,13 @@ RAY_ADDRESS=$dead bash scripts/ray_job.sh stapo qwen3_1.7b >"$tmp/o" 2>&1; one_l
 result $? "(a) ray_job.sh with an unreachable RAY_ADDRESS: one line naming it, exit 2"
 
 export RAY_AUTH_MODE=disabled  # as in slurm.sbatch: the head would turn token auth on if ~/.ray/auth_token exists
-port=$(free_port) dash=$(free_port) client=$(free_port)
-# started from $tmp, not the repository: the job runs in the head's working directory and must not need scripts/
+port=$(free_port) dash=$(free_port) client=$(free_port) agent=$(free_port)
+# started from $tmp, not the repository: the job runs in the head's working directory and must not need scripts/;
+# every port free, the dashboard agent's too (its default 52365 is another Ray head's on this machine, and without
+# its agent the head takes no job: "No available agent to submit job")
 (cd "$tmp" && exec env RAY_TMPDIR="$tmp" ray start --head --port="$port" --dashboard-port="$dash" \
-  --ray-client-server-port="$client" --num-cpus=2 --num-gpus=0 --block) >"$tmp/head.log" 2>&1 &
+  --ray-client-server-port="$client" --dashboard-agent-listen-port="$agent" --num-cpus=2 --num-gpus=0 --block) \
+  >"$tmp/head.log" 2>&1 &
 ray_head=$!
 for _ in $(seq 300); do
   curl -sf -m 2 "http://127.0.0.1:$dash/api/version" >/dev/null && break
@@ -294,7 +297,8 @@ grep -q "^stapo: Ray cluster at .*: all 2 node(s) joined: $(hostname -s)" "$log"
 result $? "(c) both nodes joined the Ray cluster"
 grep -Eq 'error: trainer\.n_gpus_per_node=1 x trainer\.nnodes=2 needs 2 GPUs; the Ray cluster at [0-9.:]+ has 0' "$log"
 result $? "(c) the job reached the training preflight with trainer.nnodes=2: $(grep -Eom1 "$needs" "$log")"
-grep -q "^stapo: Ray stopped on n1 n2" "$log" && ! grep -q "CANCELLED\|Killed" "$log" && [ -z "$(ours "/tmp/ray_$job/")" ]
+grep -q "^stapo: Ray stopped on n1 n2" "$log" && ! grep -q "CANCELLED\|Killed" "$log" &&
+  [ -z "$(ours "/tmp/ray_$job/")" ]
 result $? "(c) Ray stopped on both nodes by SIGTERM (no step killed), none of its processes left"
 rm -rf "/tmp/ray_$job"; job=
 sim_down
