@@ -61,11 +61,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-slurm_conf() {  # one node (this machine, its CPUs and memory, no GPUs), one partition
-  local host; host=$(hostname -s)
-  cat <<CONF
-ClusterName=local
-SlurmctldHost=$host
+slurm_common() {  # the settings of (b)'s and (c)'s slurm.conf alike: root daemons, munge, no cgroups or accounting
+  cat <<'CONF'
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
@@ -79,8 +76,17 @@ AccountingStorageType=accounting_storage/none
 SchedulerType=sched/backfill
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
-EnforcePartLimits=ALL
 ReturnToService=2
+CONF
+}
+
+slurm_conf() {  # one node (this machine, its CPUs and memory, no GPUs), one partition
+  local host; host=$(hostname -s)
+  cat <<CONF
+ClusterName=local
+SlurmctldHost=$host
+$(slurm_common)
+EnforcePartLimits=ALL
 StateSaveLocation=/var/spool/slurmctld
 SlurmdSpoolDir=/var/spool/slurmd
 SlurmctldPidFile=/run/slurmctld.pid
@@ -99,21 +105,8 @@ sim_conf() {  # (c): two nodes of this host, n1 and n2, each with its own slurmd
 ClusterName=sim2
 SlurmctldHost=$host(127.0.0.1)
 SlurmctldPort=$(free_port)
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
-CredType=cred/munge
+$(slurm_common)
 AuthInfo=socket=$sim/munge.socket
-MpiDefault=none
-MailProg=/bin/true
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-SchedulerType=sched/backfill
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-ReturnToService=2
 SlurmdParameters=config_overrides
 FirstJobId=$(( $(date +%s) % 800000 + 100000 ))
 StateSaveLocation=$sim/ctld
