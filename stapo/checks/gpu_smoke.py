@@ -45,7 +45,7 @@ from stapo.quickstart.tiny import replace_overrides, tiny_run_overrides
 from stapo.s2t import distinct_silenced
 from stapo.tools.io import output_problem
 from stapo.tools.io import read_jsonl as _read_jsonl
-from stapo.train.clusters import local_cluster
+from stapo.train.clusters import local_cluster, python_first_path
 
 S2T_METRICS = ("s2t/candidate_frac", "s2t/spurious_frac", "s2t/grad_bound/spurious_share")
 
@@ -135,7 +135,7 @@ def run(method: str, model: Path, data: Path, gpus: int, steps: int, root: Path,
             node_gpus = [",".join(visible[i * per_node : (i + 1) * per_node]) for i in range(nodes)]
             _, dashboard = cluster.enter_context(local_cluster(node_gpus, out / "ray.log", first_slot=FIRST_SLOT))
             env["RAY_ADDRESS"] = dashboard
-            env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # its `ray`, as the nodes'
+            env["PATH"] = python_first_path()  # ray_job.sh's `ray`, as the nodes'
             cmd = ["bash", str(ray_job()), config, "qwen3_1.7b", *args]  # the tiny model's overrides replace the size's
         proc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
     if proc.returncode != 0:

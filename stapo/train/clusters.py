@@ -64,10 +64,14 @@ def start_node(cmd: list[str], gpus: str, log: Path) -> subprocess.Popen:
     """``ray start ... --block`` over the GPUs ``gpus`` in a process group of its own (a Ctrl-C of the caller must not
     reach its processes all at once), output appended to ``log``, with this Python's ``bin`` first on ``PATH`` (the
     jobs of the cluster run ``python3`` and ``ray`` from there)."""
-    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpus, "PATH": path}
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpus, "PATH": python_first_path()}
     with open(log, "a") as out:
         return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def python_first_path() -> str:
+    """``PATH`` with this Python's ``bin`` first, so that ``python3`` and ``ray`` there are this environment's."""
+    return f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
 
 
 def stop_node(node: subprocess.Popen) -> None:
