@@ -6,9 +6,11 @@ import math
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 from verl.utils.experimental import torch_functional as tf
 
 import stapo.train.plugin  # noqa: F401  (applies the patch, as in every Ray process of a run)
+from stapo.config import CONFIG_DIR
 from stapo.s2t import s2t_mask
 from stapo.train import verl_patches
 
@@ -108,7 +110,22 @@ def test_every_listed_workaround_names_code_that_exists():
     assert len({w.code for w in verl_patches.WORKAROUNDS}) == len(verl_patches.WORKAROUNDS)
     for workaround in verl_patches.WORKAROUNDS:
         module, attribute = workaround.code.split(":")
-        target = importlib.import_module(module)
-        for part in attribute.split("."):
-            target = getattr(target, part)
+        if module.endswith(".yaml"):  # a setting of the recipe's configs
+            target = OmegaConf.select(OmegaConf.load(CONFIG_DIR.parent / module), attribute)
+            assert target is not None, workaround.code
+        else:
+            target = importlib.import_module(module)
+            for part in attribute.split("."):
+                target = getattr(target, part)
         assert workaround.answers and workaround.remove_when
+
+
+def test_vllm_compile_cache_is_on_and_a_string():
+    """verl turns vLLM's compile cache off in its runtime env; the recipe's base config turns it back on, with a
+    string (Ray refuses other env-var types), and the composed config of a method keeps it."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        config = compose(config_name="stapo")
+    env = OmegaConf.to_container(config.ray_kwargs.ray_init.runtime_env.env_vars)
+    assert env["VLLM_DISABLE_COMPILE_CACHE"] == "0"

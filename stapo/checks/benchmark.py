@@ -7,6 +7,7 @@ python -m stapo.checks.benchmark mask [--responses 2048 --length 15360]
     gradient-bound sums (which the trainer computes while the workers update; median of repeated runs).
 
 python -m stapo.checks.benchmark actor --out DIR [--shape qwen3_1.7b --tokens 32768 --seq 2048 --rounds 6]
+python -m stapo.checks.benchmark actor --out DIR --variants recipe --checkpointing on off --tokens 16384 32768
     One actor micro-batch as verl's FSDP engine computes it (packed sequences, gradient checkpointing, bfloat16, the
     log-probabilities of the sampled tokens, forward and backward), on one GPU, for each attention implementation
     (packed sdpa, flex_attention, the recipe's torch_varlen; padded sdpa) and each log-probability path (verl's
@@ -14,26 +15,38 @@ python -m stapo.checks.benchmark actor --out DIR [--shape qwen3_1.7b --tokens 32
     recipe's float32 entropies); plus the no-grad old-log-prob pass with entropy. Seconds (median of the timed
     repeats) and MFU as verl counts it (``FlopsCounter``). Last, ``float32_entropy``: the recipe's patch of the fused
     kernel (:mod:`stapo.train.verl_patches`) against verl's own kernel on the recipe's attention, alternating in
-    ``--rounds`` rounds after a warm-up round: median times, their ratios and each one's peak memory.
+    ``--rounds`` rounds after a warm-up round: median times, their ratios and each one's peak memory. With
+    ``--variants recipe``, only the recipe's path, with and without gradient checkpointing at each token budget:
+    what a size file can choose per GPU count (MFU of the update and of the old-log-prob pass, peak memory).
 
 python -m stapo.checks.benchmark attention
     The recipe's ``torch_varlen`` attention against ``sdpa`` run on each sequence alone (forward and backward,
     grouped-query heads, causal), on one GPU; exits non-zero when they differ beyond bfloat16 rounding.
 
-python -m stapo.checks.benchmark gpu --out DIR [--model tiny|qwen3_1.7b ... --cycles 6]
+python -m stapo.checks.benchmark gpu --out DIR [--model tiny|qwen3_1.7b ... --cycles 6 --standalone 3]
     One real training run (verl V1 trainer, vLLM, FSDP, one GPU) that switches method every step, in --cycles
     rounds: JustRL (verl's stock update: no mask, no s2t/* metrics), STAPO with policy_source=old (mask and
     metrics), STAPO with policy_source=current. Same process, same card, same warm engines, and any drift of the
     machine spread over all three: per method, the median step and actor-update times over the rounds after the
     first (warm-up), and the largest peak GPU memory of its actor updates in those rounds. verl reports the actor's
     peak as a running maximum over the process, so the benchmark resets the CUDA peak counter in the actor worker
-    before every update (one GPU: verl's ``execute_func_rank_zero`` reaches the only rank).
+    before every update (one GPU: verl's ``execute_func_rank_zero`` reaches the only rank). Also: the start-up
+    (seconds from launch to each of verl's set-up log lines, STARTUP_EVENTS; ``train.log`` carries the seconds on
+    every line), the per-stage table of the warm JustRL and STAPO steps (:func:`stage_table`), the rollout's
+    generated tokens per second in every step and, with ``--standalone R``, vLLM's own speed on the same GPU after
+    the run (``vllm`` below) and the ratio of each step's to it.
+
+python -m stapo.checks.benchmark vllm --model DIR --data PARQUET --out DIR [--prompts 16 --response-length 2048]
+    Standalone vLLM (``LLM.generate``) on the same prompts and sampling as the recipe's rollout: tokens per second of
+    ``--repeats`` timed repeats (:func:`bench_vllm`).
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import importlib.util
+import itertools
 import json
 import os
 import statistics
@@ -118,16 +131,23 @@ def bench_actor(args) -> dict:
     config = Qwen3Config(**QWEN3_SHAPES[args.shape], max_position_embeddings=40960, torch_dtype="bfloat16")
     with torch.device("cuda"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-    model.train().gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    n_seq = args.tokens // args.seq
-    seqlens = [args.seq] * n_seq
-    ids = torch.randint(0, config.vocab_size, (n_seq, args.seq), device="cuda")
+    model.train()
     counter = FlopsCounter(config)
     results = {"shape": args.shape, "tokens": args.tokens, "seq": args.seq, "gpu": torch.cuda.get_device_name()}
+    variants = ACTOR_VARIANTS if args.variants == "all" else ((attention.NAME, True, True),)
     patched = False
-    for attn, packed, fused in ACTOR_VARIANTS:
+    for (attn, packed, fused), checkpointing, tokens in itertools.product(variants, args.checkpointing, args.tokens):
         name = f"{attn}{'' if packed else '_padded'}{'+fused' if fused else '+logprobs_loop'}"
+        if args.variants != "all":
+            name += f"+{'checkpointing' if checkpointing == 'on' else 'no_checkpointing'}@{tokens}"
+        n_seq = tokens // args.seq
+        seqlens = [args.seq] * n_seq
+        ids = torch.randint(0, config.vocab_size, (n_seq, args.seq), device="cuda")
         try:
+            if checkpointing == "on":
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                model.gradient_checkpointing_disable()
             model.set_attn_implementation(attn)
             if fused and not patched:
                 apply_monkey_patch(
@@ -139,20 +159,27 @@ def bench_actor(args) -> dict:
             update = _timed(lambda: step(train=True), args.repeats)
             old = _timed(lambda: step(train=False), args.repeats)
             mfu = counter.estimate_flops(seqlens, update["median_s"])
+            old_mfu = counter.estimate_flops(seqlens, old["median_s"])  # counts 3x a forward: divided below
             results[name] = {
                 "update_s": update,
                 "old_log_prob_s": old,
                 "update_tflops": round(mfu[0], 1),
                 "update_mfu": round(mfu[0] / mfu[1], 4),
+                "old_log_prob_mfu": round(old_mfu[0] / 3 / old_mfu[1], 4),
                 "peak_gb": round(torch.cuda.max_memory_allocated() / 2**30, 2),
                 "mean_log_prob": step(train=False, check=True),
             }
-        except Exception as error:  # noqa: BLE001 - a variant that fails is a result too
+        except Exception as error:  # noqa: BLE001 - a variant that fails (out of memory) is a result too
             results[name] = {"error": f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"}
         model.zero_grad(set_to_none=True)
+        del ids
         torch.cuda.empty_cache()
         print(name, json.dumps(results[name]), flush=True)
+    if args.variants != "all":
+        return results
     model.set_attn_implementation(attention.NAME)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    ids = torch.randint(0, config.vocab_size, (args.tokens[0] // args.seq, args.seq), device="cuda")
     step = functools.partial(_actor_step, model, ids, True, True, logprobs_from_logits, entropy_from_logits)
     results["float32_entropy"] = _entropy_patch_cost(model, ids, step, args.rounds)
     print("float32_entropy", json.dumps(results["float32_entropy"]), flush=True)
@@ -327,6 +354,87 @@ def shape_run_overrides(model: Path, data: Path, out: Path, *, steps: int, promp
     ]
 
 
+STARTUP_EVENTS = (
+    ("ray_up", "ray init kwargs"),
+    ("actor_ready", "actor and ref model engine initialized"),
+    ("rollout_ready", "checkpoint engine manager initialized"),
+    ("ready_to_fit", "ready to fit"),
+)
+"""(name, text of verl 0.9.1's log line) of the start-up phases, in order: launch to ``ray.init``, to the actor's
+FSDP engine, to vLLM's servers (compilation, CUDA graphs) and the weight-sync manager, to the first step."""
+
+
+def run_logged(cmd: list[str], env: dict, log_path: Path) -> tuple[int, dict]:
+    """Run ``cmd`` with its output in ``log_path``, each line prefixed with the seconds since launch; the return code
+    and the seconds at which each of STARTUP_EVENTS first appeared."""
+    events = {}
+    start = time.monotonic()
+    with (
+        open(log_path, "w") as log,
+        subprocess.Popen(
+            cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
+        ) as proc,
+    ):
+        for line in proc.stdout:
+            seconds = time.monotonic() - start
+            log.write(f"[{seconds:8.1f}] {line}")
+            for name, text in STARTUP_EVENTS:
+                if name not in events and text in line:
+                    events[name] = round(seconds, 1)
+                    log.flush()
+    return proc.returncode, events
+
+
+def rollout_setting(size: str | None, overrides: list[str], key: str):
+    """A rollout setting as the run has it: its override, else the size file's value, else verl's default."""
+    from omegaconf import OmegaConf
+
+    from stapo.config import CONFIG_DIR
+
+    for override in overrides:
+        if override.split("=", 1)[0].lstrip("+") == f"actor_rollout_ref.rollout.{key}":
+            return OmegaConf.from_dotlist([override.lstrip("+")]).actor_rollout_ref.rollout[key]
+    if size and key in (sized := OmegaConf.load(CONFIG_DIR / "size" / f"{size}.yaml").actor_rollout_ref.rollout):
+        return sized[key]
+    verl = Path(importlib.util.find_spec("verl").origin).parent
+    return OmegaConf.load(verl / "trainer" / "config" / "rollout" / "rollout.yaml")[key]
+
+
+def generated_tokens(row: dict) -> float:
+    """Response tokens of a step: verl's token count (prompts and responses) split by the mean lengths."""
+    return (
+        row["perf/total_num_tokens"]
+        * row["response_length/mean"]
+        / (row["prompt_length/mean"] + row["response_length/mean"])
+    )
+
+
+def stage_table(rows: list[dict]) -> dict:
+    """Medians over ``rows`` (verl's step metrics) of the per-stage figures NeMo RL reports: generated tokens per
+    second and GPU, old-log-prob and update tokens per second and GPU (prompt + response tokens), step time, the
+    actor's MFU and peak memory."""
+    gpus = rows[0]["perf/total_num_tokens"] / rows[0]["perf/throughput"] / rows[0]["timing_s/step"]
+
+    def median(fn):
+        return round(statistics.median(fn(r) for r in rows), 3)
+
+    return {
+        "gpus": round(gpus),
+        "step_s": median(lambda r: r["timing_s/step"]),
+        "gen_s": median(lambda r: r["timing_s/gen"]),
+        "gen_tokens_per_s_per_gpu": median(lambda r: generated_tokens(r) / r["timing_s/gen"] / gpus),
+        "old_log_prob_s": median(lambda r: r["timing_s/old_log_prob"]),
+        "old_log_prob_tokens_per_s_per_gpu": median(
+            lambda r: r["perf/total_num_tokens"] / r["timing_s/old_log_prob"] / gpus
+        ),
+        "update_s": median(lambda r: r["timing_s/update_actor"]),
+        "update_tokens_per_s_per_gpu": median(lambda r: r["perf/total_num_tokens"] / r["timing_s/update_actor"] / gpus),
+        "update_weights_s": median(lambda r: r.get("timing_s/update_weights", float("nan"))),
+        "mfu_actor": median(lambda r: r["perf/mfu/actor"]),
+        "peak_actor_gb": round(max(r["actor/perf/max_memory_allocated_gb"] for r in rows), 2),
+    }
+
+
 def bench_gpu(args) -> dict:
     from stapo.checks.gpu_smoke import build_assets, overrides, read_jsonl
     from stapo.config import QWEN3_SHAPES
@@ -338,11 +446,12 @@ def bench_gpu(args) -> dict:
     if shape:  # built on the GPU by another process: this driver must hold no GPU memory during the run
         if args.tokenizer is None:
             raise SystemExit("--model with a Qwen3 shape needs --tokenizer (Qwen's vocabulary: stapo.quickstart.tiny)")
-        model = out / "model"
-        subprocess.run(
-            [sys.executable, "-m", "stapo.checks.scale", "model", "--shape", args.model, "--tokenizer",
-             str(args.tokenizer), "--out", str(model), "--device", "cuda"], check=True,
-        )  # fmt: skip
+        model = args.weights.resolve() if args.weights else out / "model"
+        if not args.weights:
+            subprocess.run(
+                [sys.executable, "-m", "stapo.checks.scale", "model", "--shape", args.model, "--tokenizer",
+                 str(args.tokenizer), "--out", str(model), "--device", "cuda"], check=True,
+            )  # fmt: skip
         data = build_assets(out, tokenizer=args.tokenizer, build=False)[1]
     else:
         model, data = build_assets(out, tokenizer=args.tokenizer)
@@ -374,15 +483,16 @@ def bench_gpu(args) -> dict:
     cmd = [sys.executable, "-m", "stapo.train", *config, *replace_overrides(run, changes), *args.overrides]
     env = {**os.environ, "VERL_FILE_LOGGER_PATH": str(out / "metrics.jsonl"), "STAPO_BENCH": "1"}
     start = time.time()
-    with open(out / "train.log", "w") as log:
-        proc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
-    if proc.returncode != 0:
+    returncode, startup = run_logged(cmd, env, out / "train.log")
+    result = {"model": args.model, "response_length": args.response_length, "startup_s": startup}
+    write_atomic(out / "gpu.json", json.dumps(result, indent=1) + "\n")  # the start-up survives a failed run
+    if returncode != 0:
         raise SystemExit(f"training failed; see {out / 'train.log'}:\n{(out / 'train.log').read_text()[-3000:]}")
+    result["wall_s"] = round(time.time() - start)
     rows = [r["data"] for r in read_jsonl([out / "metrics.jsonl"]) if "bench/phase" in r["data"]]
-    result = {"model": args.model, "response_length": args.response_length, "wall_s": round(time.time() - start)}
     for i, phase in enumerate(PHASES):
         runs = [r for r in rows if r["bench/phase"] == i]
-        timed = runs[1:]  # the first round is warm-up
+        timed = runs[1:] or runs  # the first round is warm-up (kept when it is the only one)
         result[phase] = {
             "steps": len(timed),
             "step_s": statistics.median(r["timing_s/step"] for r in timed),
@@ -394,6 +504,7 @@ def bench_gpu(args) -> dict:
             "mfu_actor_all": [round(r.get("perf/mfu/actor", float("nan")), 4) for r in runs],
             "response_length": statistics.mean(r["response_length/mean"] for r in timed),
             "masked_frac": statistics.mean(r.get("stapo/masked_frac", 0.0) for r in timed),
+            "masked_frac_all": [round(r.get("stapo/masked_frac", 0.0), 5) for r in runs],
         }
         if "timing_s/stapo_mask" in timed[0]:  # the driver's own work (policy_source=old), in update_actor
             driver = [r["timing_s/stapo_mask"] + r.get("timing_s/stapo_restore", 0.0) for r in timed]
@@ -406,6 +517,66 @@ def bench_gpu(args) -> dict:
         result["stapo_old"]["driver_mask_share_of_justrl_step"] = round(
             result["stapo_old"]["driver_mask_s"] / result["justrl"]["step_s"], 5
         )
+    timed = [r for r in rows[len(PHASES) :] if r["bench/phase"] != PHASES.index("stapo_current")] or rows
+    result["stages"] = stage_table(timed)  # the recipe's default path (JustRL and STAPO old), warm
+    recipe = [round(generated_tokens(r) / r["timing_s/gen"]) for r in rows]
+    result["rollout"] = {"recipe_tokens_per_s_all": recipe}
+    if args.standalone:  # vLLM's own defaults (the run's memory share), then the run's rollout settings
+        size = args.model if shape else None
+        settings = {key: rollout_setting(size, args.overrides, key) for key in VLLM_SETTINGS}
+        variants = {"vllm_defaults": {"gpu_memory_utilization": settings["gpu_memory_utilization"]}, "recipe": settings}
+        for name, chosen in variants.items():
+            vllm_out = out / f"vllm-{name}"
+            vllm_cmd = [sys.executable, "-m", "stapo.checks.benchmark", "vllm", "--model", str(model), "--data",
+                        str(data), "--prompts", str(args.prompts), "--response-length", str(args.response_length),
+                        "--repeats", str(args.standalone), "--out", str(vllm_out)]  # fmt: skip
+            vllm_cmd += [f"--{key.replace('_', '-')}={value}" for key, value in chosen.items()]
+            # its own compile cache: the recipe's cold and warm start-ups stay the recipe's own
+            subprocess.run(vllm_cmd, env={**os.environ, "VLLM_CACHE_ROOT": str(out / "vllm-cache")}, check=True)
+            standalone = json.loads((vllm_out / "vllm.json").read_text())
+            speed = statistics.median(standalone["tokens_per_s_all"])
+            result["rollout"][name] = {
+                **standalone,
+                "recipe_over_standalone_all": [round(x / speed, 4) for x in recipe],
+                "recipe_over_standalone_min": round(min(recipe) / speed, 4),
+            }
+    return result
+
+
+VLLM_SETTINGS = ("gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens")
+"""Rollout settings that set vLLM's batch and KV cache; ``gpu --standalone`` runs vLLM with the run's memory share
+and its own defaults for the rest, then with the run's values of all three."""
+
+
+def bench_vllm(args) -> dict:
+    """Standalone vLLM (``LLM.generate``) on the prompts the recipe's run draws from: the first ``--prompts`` rows of
+    the parquet through the chat template (as verl's agent loop sends them), 8 samples each at temperature 1, up to
+    ``--response-length`` tokens, with the log-probability of each sampled token (as the recipe's rollout asks for
+    it). One untimed repeat, then ``--repeats`` timed: generated tokens per second of each."""
+    import pandas as pd
+    from transformers import AutoTokenizer
+    from vllm import LLM, SamplingParams
+
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    rows = pd.read_parquet(args.data).head(args.prompts)
+    prompts = [
+        {"prompt_token_ids": tokenizer.apply_chat_template(list(p), add_generation_prompt=True, tokenize=True,
+                                                           return_dict=False)}
+        for p in rows["prompt"]
+    ]  # fmt: skip
+    settings = {k: getattr(args, k) for k in VLLM_SETTINGS if getattr(args, k) is not None}
+    start = time.time()
+    llm = LLM(model=str(args.model), dtype="bfloat16", seed=0, **settings)
+    result = {"engine_start_s": round(time.time() - start, 1), "settings": settings, "tokens_per_s_all": []}
+    params = SamplingParams(n=8, temperature=1.0, top_p=1.0, max_tokens=args.response_length, logprobs=0)
+    for repeat in range(args.repeats + 1):
+        start = time.perf_counter()
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        seconds = time.perf_counter() - start
+        tokens = sum(len(o.token_ids) for out in outputs for o in out.outputs)
+        if repeat:
+            result["tokens_per_s_all"].append(round(tokens / seconds))
+        result.setdefault("tokens", tokens)
     return result
 
 
@@ -420,7 +591,27 @@ def main() -> None:
     actor = sub.add_parser("actor")
     actor.add_argument("--out", type=Path, required=True)
     actor.add_argument("--shape", default="qwen3_1.7b", help="a key of stapo.config.QWEN3_SHAPES")
-    actor.add_argument("--tokens", type=int, default=32768, help="tokens per micro-batch (the size config's budget)")
+    actor.add_argument(
+        "--tokens",
+        type=int,
+        nargs="+",
+        default=[32768],
+        help="tokens per micro-batch (the size config's budget); several with --variants recipe",
+    )
+    actor.add_argument(
+        "--variants",
+        choices=("all", "recipe"),
+        default="all",
+        help="all: the table of docs/scale.md section 1 and the float32-entropy cost; recipe: only "
+        "the recipe's path (torch_varlen, fused), for each --checkpointing and --tokens",
+    )
+    actor.add_argument(
+        "--checkpointing",
+        nargs="+",
+        choices=("on", "off"),
+        default=["on"],
+        help="gradient checkpointing of the update (verl's enable_gradient_checkpointing)",
+    )
     actor.add_argument("--seq", type=int, default=2048, help="tokens per sequence")
     actor.add_argument("--repeats", type=int, default=2, help="timed repeats after one warm-up")
     actor.add_argument("--rounds", type=int, default=6, help="timed rounds of the float32-entropy comparison")
@@ -431,7 +622,24 @@ def main() -> None:
     gpu.add_argument("--cycles", type=int, default=6, help="rounds of the three methods; the first is warm-up")
     gpu.add_argument("--prompts", type=int, default=16, help="prompts per step")
     gpu.add_argument("--response-length", type=int, default=64)
+    gpu.add_argument("--weights", type=Path, help="a model folder of --model's shape to use instead of building one")
+    gpu.add_argument(
+        "--standalone",
+        type=int,
+        default=0,
+        metavar="REPEATS",
+        help="after the run, time vLLM's own LLM.generate on the same GPU, prompts and settings",
+    )
     gpu.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="further Hydra overrides of the run")
+    standalone = sub.add_parser("vllm")
+    standalone.add_argument("--model", type=Path, required=True)
+    standalone.add_argument("--data", type=Path, required=True, help="a verl parquet (prompt column)")
+    standalone.add_argument("--out", type=Path, required=True)
+    standalone.add_argument("--prompts", type=int, default=16)
+    standalone.add_argument("--response-length", type=int, default=2048)
+    standalone.add_argument("--repeats", type=int, default=3)
+    for key in VLLM_SETTINGS:
+        standalone.add_argument(f"--{key.replace('_', '-')}", type=float if "utilization" in key else int)
     args = parser.parse_args()
     if args.what != "mask" and not torch.cuda.is_available():
         parser.exit(2, f"error: benchmark {args.what} runs on a CUDA GPU and none is visible; `mask` runs on the CPU\n")
@@ -443,6 +651,8 @@ def main() -> None:
         sys.exit(0 if result["ok"] else 1)
     elif args.what == "actor":
         result = bench_actor(args)
+    elif args.what == "vllm":
+        result = bench_vllm(args)
     else:
         result = bench_gpu(args)
     text = json.dumps(result, indent=1)

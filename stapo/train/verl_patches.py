@@ -31,7 +31,8 @@ import torch
 
 @dataclass(frozen=True)
 class Workaround:
-    """One workaround: its code (``module:attribute``), what it answers, and when to remove it."""
+    """One workaround: its code (``module:attribute``, or ``configs/FILE.yaml:dotted.key`` for a setting), what it
+    answers, and when to remove it."""
 
     code: str
     answers: str
@@ -112,6 +113,12 @@ WORKAROUNDS = (
         "no flash-attn wheel for torch 2.11 / CUDA 13: transformers' sdpa on verl's packed sequences attends over "
         "the whole pack and verl wires Ulysses into flash_attention_2 only",
         "flash-attn installs from a wheel, or verl supports torch's varlen attention",
+    ),
+    Workaround(
+        "configs/base.yaml:ray_kwargs.ray_init.runtime_env.env_vars.VLLM_DISABLE_COMPILE_CACHE",
+        "verl 0.9.1 turns vLLM's compile cache off for every run (vllm#31199, corrupted artifacts of concurrent "
+        "engines before torch 2.10's atomic writes, pytorch#162432), so every launch compiles again",
+        "verl stops setting VLLM_DISABLE_COMPILE_CACHE=1 in trainer/constants_ppo.py",
     ),
     Workaround(
         "stapo.tools.pretrained:convert",
