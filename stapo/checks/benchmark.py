@@ -525,7 +525,9 @@ def bench_gpu(args) -> dict:
         size = args.model if shape else None
         settings = {key: rollout_setting(size, args.overrides, key) for key in VLLM_SETTINGS}
         variants = {"vllm_defaults": {"gpu_memory_utilization": settings["gpu_memory_utilization"]}, "recipe": settings}
-        for name, chosen in variants.items():
+        write_atomic(out / "gpu.json", json.dumps(result, indent=1) + "\n")
+        for name in args.standalone_variants:
+            chosen = variants[name]
             vllm_out = out / f"vllm-{name}"
             vllm_cmd = [sys.executable, "-m", "stapo.checks.benchmark", "vllm", "--model", str(model), "--data",
                         str(data), "--prompts", str(args.prompts), "--response-length", str(args.response_length),
@@ -555,6 +557,9 @@ def bench_vllm(args) -> dict:
     it). One untimed repeat, then ``--repeats`` timed: generated tokens per second of each."""
     import pandas as pd
     from transformers import AutoTokenizer
+
+    # vLLM forks its engine process by default, and this process has touched CUDA (main's check): spawn instead
+    os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
     from vllm import LLM, SamplingParams
 
     tokenizer = AutoTokenizer.from_pretrained(args.model)
@@ -629,6 +634,13 @@ def main() -> None:
         default=0,
         metavar="REPEATS",
         help="after the run, time vLLM's own LLM.generate on the same GPU, prompts and settings",
+    )
+    gpu.add_argument(
+        "--standalone-variants",
+        nargs="+",
+        choices=("vllm_defaults", "recipe"),
+        default=["vllm_defaults", "recipe"],
+        help="vLLM's defaults (with the run's memory share), and the run's rollout settings",
     )
     gpu.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="further Hydra overrides of the run")
     standalone = sub.add_parser("vllm")
