@@ -75,3 +75,26 @@ def test_one_token_of_slack_per_pool():
     assert pool_problems([(101, 75), (101, 74), (101, 76)], 0.75) == []
     assert len(pool_problems([(101, 73), (101, 77)], 0.75)) == 2
     assert pool_problems([], 0.75) == ["no quantile pool was recorded"]
+
+
+def test_multi_node_overrides_size_vllm_to_the_run_not_the_model(tmp_path):
+    """The --nodes runs give vLLM a fixed 1 GiB KV cache; it holds one sequence of the run's prompt + response limits
+    (a random 1.7B shape's 32,768-token context needs 3.5 GiB: the --shape run of 2026-11-27 stopped there)."""
+    from stapo.checks.gpu_smoke import multi_node_overrides, overrides
+
+    args = overrides("stapo", tmp_path / "model", tmp_path / "train.parquet", 2, 2, tmp_path)
+    nodes = dict(a.split("=", 1) for a in multi_node_overrides(args, 2, 1))
+    assert nodes["actor_rollout_ref.rollout.max_model_len"] == str(
+        int(nodes["data.max_prompt_length"]) + int(nodes["data.max_response_length"])
+    )
+    assert nodes["trainer.nnodes"] == "2" and nodes["trainer.n_gpus_per_node"] == "1"
+    assert nodes["+ray_kwargs.ray_init.runtime_env.env_vars.NCCL_P2P_DISABLE"] == '"1"'
+
+
+def test_a_real_shape_run_has_its_own_correlation_floor(tmp_path):
+    """A random 1.7B's 0.9988 (docs/scale.md) passes with --shape's floor and fails the tiny model's."""
+    from stapo.checks.gpu_smoke import MIN_PROBS_CORRELATION, SHAPE_PROBS_CORRELATION
+
+    run = write_run(tmp_path / "run", GOOD, correlation=0.9988)
+    assert check("stapo", run, gpus=1, min_correlation=SHAPE_PROBS_CORRELATION)[0] == []
+    assert len(check("stapo", run, gpus=1, min_correlation=MIN_PROBS_CORRELATION)[0]) == 1

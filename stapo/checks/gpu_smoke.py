@@ -132,10 +132,7 @@ def run(method: str, model: Path, data: Path, gpus: int, steps: int, root: Path,
             cmd = [sys.executable, "-m", "stapo.train", f"--config-name={config}", *args]
         else:
             per_node = gpus // nodes
-            args = replace_overrides(args, {"trainer.nnodes": nodes, "trainer.n_gpus_per_node": per_node})
-            args += [f'+ray_kwargs.ray_init.runtime_env.env_vars.{k}="{v}"' for k, v in NETWORK_NCCL.items()]
-            # beside other runs (their memory changes under vLLM's profiling; their sockets named after job ids)
-            args.append(f"+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes={1 << 30}")
+            args = multi_node_overrides(args, nodes, per_node)
             visible = os.environ.get("CUDA_VISIBLE_DEVICES", ",".join(map(str, range(gpus)))).split(",")
             node_gpus = [",".join(visible[i * per_node : (i + 1) * per_node]) for i in range(nodes)]
             _, dashboard = cluster.enter_context(local_cluster(node_gpus, out / "ray.log", first_slot=FIRST_SLOT))
@@ -147,6 +144,20 @@ def run(method: str, model: Path, data: Path, gpus: int, steps: int, root: Path,
         tail = (out / "train.log").read_text()[-4000:]
         raise SystemExit(f"{method}: training failed (exit {proc.returncode}); last log lines:\n{tail}")
     return out, time.time() - start
+
+
+def multi_node_overrides(args: list[str], nodes: int, per_node: int) -> list[str]:
+    """``args`` of a run on ``nodes`` Ray nodes of this machine: the node layout, NCCL over the network transport
+    (NETWORK_NCCL), and a fixed 1 GiB vLLM KV cache (beside other runs, whose memory changes under vLLM's profiling)
+    that must hold one sequence of the longest length vLLM is told of: the run's prompt and response limits, not the
+    model's context (a 1.7B shape's 32,768 tokens need 3.5 GiB; found by the ``--shape`` run of 2026-11-27)."""
+    limits = ("data.max_prompt_length=", "data.max_response_length=")
+    lengths = dict(a.split("=", 1) for a in args if a.startswith(limits))
+    return replace_overrides(args, {"trainer.nnodes": nodes, "trainer.n_gpus_per_node": per_node}) + [
+        *(f'+ray_kwargs.ray_init.runtime_env.env_vars.{k}="{v}"' for k, v in NETWORK_NCCL.items()),
+        f"+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes={1 << 30}",
+        f"actor_rollout_ref.rollout.max_model_len={sum(int(v) for v in lengths.values())}",
+    ]
 
 
 def ray_job() -> Path:
