@@ -254,7 +254,8 @@ result $? "(b) Slurm up (started here: ${started[*]:-none})" || exit 1
 unset RAY_AUTH_MODE  # slurm.sbatch's default
 # Free ports: another Ray head on this machine may hold 6379. The job passes Slurm's trainer.n_gpus_per_node=0 (the
 # preflight refuses 0); trainer.n_gpus_per_node=1 after it makes the preflight ask the Ray cluster for its GPUs.
-job=$(RAY_PORT=$(free_port) RAY_DASHBOARD_PORT=$(free_port) timeout 600 sbatch --wait --parsable --nodes=1 \
+job=$(RAY_PORT=$(free_port) RAY_DASHBOARD_PORT=$(free_port) RAY_DASHBOARD_AGENT_PORT=$(free_port) \
+  timeout 600 sbatch --wait --parsable --nodes=1 \
   --cpus-per-task=2 --gpus-per-node=0 --output="$tmp/slurm-%j.log" scripts/slurm.sbatch stapo qwen3_1.7b \
   "${overrides[@]}" trainer.n_gpus_per_node=1)
 rc=$?
@@ -278,7 +279,8 @@ rm -rf "/tmp/ray_$job"; job=
 # (srun hostname -s) and waits for two Ray nodes of that host; each node's `ray start` has its own pid file.
 sim_up
 result $? "(c) two simulated Slurm nodes up (n1, n2 on $(hostname -s); private Slurm in $sim)" || exit 1
-job=$(SLURM_CONF=$sim/slurm.conf RAY_PORT=$(free_port) RAY_DASHBOARD_PORT=$(free_port) timeout 600 sbatch --wait \
+job=$(SLURM_CONF=$sim/slurm.conf RAY_PORT=$(free_port) RAY_DASHBOARD_PORT=$(free_port) \
+  RAY_DASHBOARD_AGENT_PORT=$(free_port) timeout 600 sbatch --wait \
   --parsable --nodes=2 --cpus-per-task=2 --gpus-per-node=0 --output="$tmp/sim-%j.log" scripts/slurm.sbatch stapo \
   qwen3_1.7b "${overrides[@]}" trainer.n_gpus_per_node=1)
 rc=$?
