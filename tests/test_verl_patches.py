@@ -129,3 +129,10 @@ def test_vllm_compile_cache_is_on_and_a_string():
         config = compose(config_name="stapo")
     env = OmegaConf.to_container(config.ray_kwargs.ray_init.runtime_env.env_vars)
     assert env["VLLM_DISABLE_COMPILE_CACHE"] == "0"
+    # what verl's run_ppo gives ray.init: its own runtime env (the cache off) merged with the config's
+    from verl.trainer.constants_ppo import get_ppo_ray_runtime_env
+
+    verls = get_ppo_ray_runtime_env(config)
+    assert verls["env_vars"]["VLLM_DISABLE_COMPILE_CACHE"] == "1"  # verl 0.9.1's; this workaround goes when it is not
+    merged = OmegaConf.merge(verls, config.ray_kwargs.ray_init.runtime_env)
+    assert merged.env_vars.VLLM_DISABLE_COMPILE_CACHE == "0"

@@ -28,11 +28,12 @@ python -m stapo.checks.benchmark gpu --out DIR [--model tiny|qwen3_1.7b ... --cy
     rounds: JustRL (verl's stock update: no mask, no s2t/* metrics), STAPO with policy_source=old (mask and
     metrics), STAPO with policy_source=current. Same process, same card, same warm engines, and any drift of the
     machine spread over all three: per method, the median step and actor-update times over the rounds after the
-    first (warm-up), and the largest peak GPU memory of its actor updates in those rounds. verl reports the actor's
+    first (warm-up; so with ``--cycles`` 2 or more), and the largest peak GPU memory of its actor updates in those
+    rounds. verl reports the actor's
     peak as a running maximum over the process, so the benchmark resets the CUDA peak counter in the actor worker
     before every update (one GPU: verl's ``execute_func_rank_zero`` reaches the only rank). Also: the start-up
     (seconds from launch to each of verl's set-up log lines, STARTUP_EVENTS; ``train.log`` carries the seconds on
-    every line), the per-stage table of the warm JustRL and STAPO steps (:func:`stage_table`), the rollout's
+    every line), the per-stage table of the JustRL and STAPO steps after the first (:func:`warm_rows`), the rollout's
     generated tokens per second in every step and, with ``--standalone R``, vLLM's own speed on the same GPU after
     the run (``vllm`` below) and the ratio of each step's to it.
 
@@ -45,18 +46,19 @@ from __future__ import annotations
 
 import argparse
 import functools
-import importlib.util
 import itertools
 import json
 import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import torch
 
+from stapo.config import QWEN3_SHAPES
 from stapo.tools.io import write_atomic
 
 PHASES = ("justrl", "stapo_old", "stapo_current")
@@ -355,49 +357,55 @@ def shape_run_overrides(model: Path, data: Path, out: Path, *, steps: int, promp
 
 
 STARTUP_EVENTS = (
-    ("ray_up", "ray init kwargs"),
+    ("driver_ready", "ray init kwargs"),
+    ("ray_up", "Started a local Ray instance"),
+    ("worker_group", "create worker group"),
     ("actor_ready", "actor and ref model engine initialized"),
-    ("rollout_ready", "checkpoint engine manager initialized"),
+    ("vllm_server", "['serve',"),
+    ("vllm_engine_spawned", "We must use the `spawn` multiprocessing start method"),
     ("ready_to_fit", "ready to fit"),
 )
-"""(name, text of verl 0.9.1's log line) of the start-up phases, in order: launch to ``ray.init``, to the actor's
-FSDP engine, to vLLM's servers (compilation, CUDA graphs) and the weight-sync manager, to the first step."""
+"""(name, text of a log line of verl 0.9.1, Ray 2.60 or vLLM 0.24) of the start-up phases, in order: the driver's
+imports and checks until ``ray.init``; a local Ray cluster; the TaskRunner, TransferQueue, the trainer and datasets
+until the worker group; the actor's FSDP engine; vLLM's server process (with verl's agent-loop workers); vLLM's
+engine process; its weights, compilation, CUDA graphs and the first weight sync until the first step. A line that
+does not come (a cluster given by ``RAY_ADDRESS`` starts none) is left out."""
 
 
-def run_logged(cmd: list[str], env: dict, log_path: Path) -> tuple[int, dict]:
+def run_logged(cmd: list[str], env: dict, log_path: Path, linger_s: float = 30) -> tuple[int, dict]:
     """Run ``cmd`` with its output in ``log_path``, each line prefixed with the seconds since launch; the return code
-    and the seconds at which each of STARTUP_EVENTS first appeared."""
-    events = {}
-    start = time.monotonic()
-    with (
-        open(log_path, "w") as log,
-        subprocess.Popen(
-            cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
-        ) as proc,
-    ):
-        for line in proc.stdout:
-            seconds = time.monotonic() - start
-            log.write(f"[{seconds:8.1f}] {line}")
-            for name, text in STARTUP_EVENTS:
-                if name not in events and text in line:
-                    events[name] = round(seconds, 1)
-                    log.flush()
-    return proc.returncode, events
+    and the seconds at which each of STARTUP_EVENTS first appeared. The output is read in a thread, so a process the
+    command left behind holding its output open delays the return by at most ``linger_s`` after the command ends."""
+    events, start = {}, time.monotonic()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                errors="replace")  # fmt: skip
+
+        def read():
+            for line in proc.stdout:
+                seconds = time.monotonic() - start
+                log.write(f"[{seconds:8.1f}] {line}")
+                for name, text in STARTUP_EVENTS:
+                    if name not in events and text in line:
+                        events[name] = round(seconds, 1)
+                        log.flush()
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        returncode = proc.wait()
+        reader.join(linger_s)
+    return returncode, dict(events)
 
 
-def rollout_setting(size: str | None, overrides: list[str], key: str):
-    """A rollout setting as the run has it: its override, else the size file's value, else verl's default."""
-    from omegaconf import OmegaConf
+def rollout_config(overrides: list[str]):
+    """The ``actor_rollout_ref.rollout`` section of a run's config as Hydra composes it: the recipe's STAPO config
+    (base.yaml over verl's defaults, the size file) with ``overrides`` (``size=...`` among them), the last winning."""
+    from hydra import compose, initialize_config_dir
 
     from stapo.config import CONFIG_DIR
 
-    for override in overrides:
-        if override.split("=", 1)[0].lstrip("+") == f"actor_rollout_ref.rollout.{key}":
-            return OmegaConf.from_dotlist([override.lstrip("+")]).actor_rollout_ref.rollout[key]
-    if size and key in (sized := OmegaConf.load(CONFIG_DIR / "size" / f"{size}.yaml").actor_rollout_ref.rollout):
-        return sized[key]
-    verl = Path(importlib.util.find_spec("verl").origin).parent
-    return OmegaConf.load(verl / "trainer" / "config" / "rollout" / "rollout.yaml")[key]
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        return compose(config_name="stapo", overrides=overrides).actor_rollout_ref.rollout
 
 
 def generated_tokens(row: dict) -> float:
@@ -407,6 +415,12 @@ def generated_tokens(row: dict) -> float:
         * row["response_length/mean"]
         / (row["prompt_length/mean"] + row["response_length/mean"])
     )
+
+
+def warm_rows(rows: list[dict]) -> list[dict]:
+    """The steps of a rotating run that show the recipe's default path warm: JustRL's and STAPO's (driver's mask),
+    after the launch's first step (which carries one-time work: the first weight sync, kernel compilation)."""
+    return [r for r in rows[1:] if r["bench/phase"] != PHASES.index("stapo_current")]
 
 
 def stage_table(rows: list[dict]) -> dict:
@@ -419,6 +433,7 @@ def stage_table(rows: list[dict]) -> dict:
         return round(statistics.median(fn(r) for r in rows), 3)
 
     return {
+        "steps": len(rows),
         "gpus": round(gpus),
         "step_s": median(lambda r: r["timing_s/step"]),
         "gen_s": median(lambda r: r["timing_s/gen"]),
@@ -435,17 +450,79 @@ def stage_table(rows: list[dict]) -> dict:
     }
 
 
+def phase_comparison(rows: list[dict]) -> dict:
+    """Per method of the rotation (PHASES): medians over the rounds after the first (warm-up) of the step and update
+    times, the largest peak memory, every round's values, the share of tokens silenced and the driver's mask time;
+    then each STAPO variant's ratios to JustRL."""
+    result = {}
+    for i, phase in enumerate(PHASES):
+        runs = [r for r in rows if r["bench/phase"] == i]
+        timed = runs[1:]
+        result[phase] = {
+            "steps": len(timed),
+            "step_s": statistics.median(r["timing_s/step"] for r in timed),
+            "update_actor_s": statistics.median(r["timing_s/update_actor"] for r in timed),
+            "step_s_all": [round(r["timing_s/step"], 3) for r in runs],
+            "update_actor_s_all": [round(r["timing_s/update_actor"], 3) for r in runs],
+            "peak_mem_gb": max(r["actor/perf/max_memory_allocated_gb"] for r in timed),
+            "peak_mem_gb_all": [round(r["actor/perf/max_memory_allocated_gb"], 4) for r in runs],
+            "mfu_actor_all": [round(r.get("perf/mfu/actor", float("nan")), 4) for r in runs],
+            "response_length": statistics.mean(r["response_length/mean"] for r in timed),
+            "masked_frac": statistics.mean(r.get("stapo/masked_frac", 0.0) for r in timed),
+            "masked_frac_all": [round(r.get("stapo/masked_frac", 0.0), 5) for r in runs],
+        }
+        if "timing_s/stapo_mask" in timed[0]:  # the driver's own work (policy_source=old), in update_actor
+            driver = [r["timing_s/stapo_mask"] + r.get("timing_s/stapo_restore", 0.0) for r in timed]
+            result[phase]["driver_mask_s"] = statistics.median(driver)
+            result[phase]["driver_mask_s_all"] = [round(x, 4) for x in driver]
+    for phase in PHASES[1:]:
+        for key in ("step_s", "update_actor_s", "peak_mem_gb"):
+            result[phase][f"{key}_ratio"] = round(result[phase][key] / result["justrl"][key], 4)
+    if "driver_mask_s" in result["stapo_old"]:
+        result["stapo_old"]["driver_mask_share_of_justrl_step"] = round(
+            result["stapo_old"]["driver_mask_s"] / result["justrl"]["step_s"], 5
+        )
+    return result
+
+
+def standalone_speeds(args, model: Path, data: Path, config: list, run: list, recipe: list, out: Path) -> dict:
+    """vLLM's own ``LLM.generate`` (``vllm`` below) on this GPU after the run, for each of ``--standalone-variants``:
+    vLLM's defaults with the run's memory share, and the run's rollout settings (VLLM_SETTINGS of its composed
+    config: ``config`` and ``run`` as given to ``stapo.train``, then the ``--`` overrides); and the ratio of each of
+    the run's steps (``recipe``, generated tokens per second) to the median of its timed repeats. Each has its own
+    compile cache, so that the recipe's cold and warm start-ups stay the recipe's own."""
+    rollout = rollout_config([*config[1:], *run, *args.overrides])
+    settings = {key: rollout[key] for key in VLLM_SETTINGS}
+    variants = {"vllm_defaults": {"gpu_memory_utilization": settings["gpu_memory_utilization"]}, "recipe": settings}
+    speeds = {}
+    for name in args.standalone_variants:
+        vllm_out = out / f"vllm-{name}"
+        cmd = [sys.executable, "-m", "stapo.checks.benchmark", "vllm", "--model", str(model), "--data", str(data),
+               "--prompts", str(args.prompts), "--n", str(rollout.n),
+               "--response-length", str(args.response_length), "--repeats", str(args.standalone),
+               "--out", str(vllm_out)]  # fmt: skip
+        cmd += [f"--{key.replace('_', '-')}={value}" for key, value in variants[name].items() if value is not None]
+        subprocess.run(cmd, env={**os.environ, "VLLM_CACHE_ROOT": str(out / "vllm-cache")}, check=True)
+        standalone = json.loads((vllm_out / "vllm.json").read_text())
+        speed = statistics.median(standalone["tokens_per_s_all"])
+        speeds[name] = {
+            **standalone,
+            "recipe_over_standalone_all": [round(x / speed, 4) for x in recipe],
+            "recipe_over_standalone_min": round(min(recipe) / speed, 4),
+        }
+    return speeds
+
+
 def bench_gpu(args) -> dict:
+    """The ``gpu`` measurement (module docstring): the rotating run, its start-up, per-stage table and rollout speed,
+    the methods' comparison (with ``--cycles`` of 2 or more) and, with ``--standalone``, vLLM's own speed."""
     from stapo.checks.gpu_smoke import build_assets, overrides, read_jsonl
-    from stapo.config import QWEN3_SHAPES
     from stapo.quickstart.tiny import replace_overrides
 
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     shape = QWEN3_SHAPES.get(args.model, {})
     if shape:  # built on the GPU by another process: this driver must hold no GPU memory during the run
-        if args.tokenizer is None:
-            raise SystemExit("--model with a Qwen3 shape needs --tokenizer (Qwen's vocabulary: stapo.quickstart.tiny)")
         model = args.weights.resolve() if args.weights else out / "model"
         if not args.weights:
             subprocess.run(
@@ -480,7 +557,8 @@ def bench_gpu(args) -> dict:
                 "actor_rollout_ref.actor.optim.lr": 1e-6,
             }
         )
-    cmd = [sys.executable, "-m", "stapo.train", *config, *replace_overrides(run, changes), *args.overrides]
+    run = replace_overrides(run, changes)
+    cmd = [sys.executable, "-m", "stapo.train", *config, *run, *args.overrides]
     env = {**os.environ, "VERL_FILE_LOGGER_PATH": str(out / "metrics.jsonl"), "STAPO_BENCH": "1"}
     start = time.time()
     returncode, startup = run_logged(cmd, env, out / "train.log")
@@ -490,58 +568,14 @@ def bench_gpu(args) -> dict:
         raise SystemExit(f"training failed; see {out / 'train.log'}:\n{(out / 'train.log').read_text()[-3000:]}")
     result["wall_s"] = round(time.time() - start)
     rows = [r["data"] for r in read_jsonl([out / "metrics.jsonl"]) if "bench/phase" in r["data"]]
-    for i, phase in enumerate(PHASES):
-        runs = [r for r in rows if r["bench/phase"] == i]
-        timed = runs[1:] or runs  # the first round is warm-up (kept when it is the only one)
-        result[phase] = {
-            "steps": len(timed),
-            "step_s": statistics.median(r["timing_s/step"] for r in timed),
-            "update_actor_s": statistics.median(r["timing_s/update_actor"] for r in timed),
-            "step_s_all": [round(r["timing_s/step"], 3) for r in runs],
-            "update_actor_s_all": [round(r["timing_s/update_actor"], 3) for r in runs],
-            "peak_mem_gb": max(r["actor/perf/max_memory_allocated_gb"] for r in timed),
-            "peak_mem_gb_all": [round(r["actor/perf/max_memory_allocated_gb"], 4) for r in runs],
-            "mfu_actor_all": [round(r.get("perf/mfu/actor", float("nan")), 4) for r in runs],
-            "response_length": statistics.mean(r["response_length/mean"] for r in timed),
-            "masked_frac": statistics.mean(r.get("stapo/masked_frac", 0.0) for r in timed),
-            "masked_frac_all": [round(r.get("stapo/masked_frac", 0.0), 5) for r in runs],
-        }
-        if "timing_s/stapo_mask" in timed[0]:  # the driver's own work (policy_source=old), in update_actor
-            driver = [r["timing_s/stapo_mask"] + r.get("timing_s/stapo_restore", 0.0) for r in timed]
-            result[phase]["driver_mask_s"] = statistics.median(driver)
-            result[phase]["driver_mask_s_all"] = [round(x, 4) for x in driver]
-    for phase in PHASES[1:]:
-        for key in ("step_s", "update_actor_s", "peak_mem_gb"):
-            result[phase][f"{key}_ratio"] = round(result[phase][key] / result["justrl"][key], 4)
-    if "driver_mask_s" in result["stapo_old"]:
-        result["stapo_old"]["driver_mask_share_of_justrl_step"] = round(
-            result["stapo_old"]["driver_mask_s"] / result["justrl"]["step_s"], 5
-        )
-    timed = [r for r in rows[len(PHASES) :] if r["bench/phase"] != PHASES.index("stapo_current")] or rows
-    result["stages"] = stage_table(timed)  # the recipe's default path (JustRL and STAPO old), warm
+    if args.cycles > 1:
+        result.update(phase_comparison(rows))
+    result["stages"] = stage_table(warm_rows(rows))
     recipe = [round(generated_tokens(r) / r["timing_s/gen"]) for r in rows]
     result["rollout"] = {"recipe_tokens_per_s_all": recipe}
-    if args.standalone:  # vLLM's own defaults (the run's memory share), then the run's rollout settings
-        size = args.model if shape else None
-        settings = {key: rollout_setting(size, args.overrides, key) for key in VLLM_SETTINGS}
-        variants = {"vllm_defaults": {"gpu_memory_utilization": settings["gpu_memory_utilization"]}, "recipe": settings}
-        write_atomic(out / "gpu.json", json.dumps(result, indent=1) + "\n")
-        for name in args.standalone_variants:
-            chosen = variants[name]
-            vllm_out = out / f"vllm-{name}"
-            vllm_cmd = [sys.executable, "-m", "stapo.checks.benchmark", "vllm", "--model", str(model), "--data",
-                        str(data), "--prompts", str(args.prompts), "--response-length", str(args.response_length),
-                        "--repeats", str(args.standalone), "--out", str(vllm_out)]  # fmt: skip
-            vllm_cmd += [f"--{key.replace('_', '-')}={value}" for key, value in chosen.items()]
-            # its own compile cache: the recipe's cold and warm start-ups stay the recipe's own
-            subprocess.run(vllm_cmd, env={**os.environ, "VLLM_CACHE_ROOT": str(out / "vllm-cache")}, check=True)
-            standalone = json.loads((vllm_out / "vllm.json").read_text())
-            speed = statistics.median(standalone["tokens_per_s_all"])
-            result["rollout"][name] = {
-                **standalone,
-                "recipe_over_standalone_all": [round(x / speed, 4) for x in recipe],
-                "recipe_over_standalone_min": round(min(recipe) / speed, 4),
-            }
+    write_atomic(out / "gpu.json", json.dumps(result, indent=1) + "\n")
+    if args.standalone:
+        result["rollout"].update(standalone_speeds(args, model, data, config, run, recipe, out))
     return result
 
 
@@ -552,8 +586,8 @@ and its own defaults for the rest, then with the run's values of all three."""
 
 def bench_vllm(args) -> dict:
     """Standalone vLLM (``LLM.generate``) on the prompts the recipe's run draws from: the first ``--prompts`` rows of
-    the parquet through the chat template (as verl's agent loop sends them), 8 samples each at temperature 1, up to
-    ``--response-length`` tokens, with the log-probability of each sampled token (as the recipe's rollout asks for
+    the parquet through the chat template (as verl's agent loop sends them), ``--n`` samples each at temperature 1, up
+    to ``--response-length`` tokens, with the log-probability of each sampled token (as the recipe's rollout asks for
     it). One untimed repeat, then ``--repeats`` timed: generated tokens per second of each."""
     import pandas as pd
     from transformers import AutoTokenizer
@@ -572,16 +606,17 @@ def bench_vllm(args) -> dict:
     settings = {k: getattr(args, k) for k in VLLM_SETTINGS if getattr(args, k) is not None}
     start = time.time()
     llm = LLM(model=str(args.model), dtype="bfloat16", seed=0, **settings)
-    result = {"engine_start_s": round(time.time() - start, 1), "settings": settings, "tokens_per_s_all": []}
-    params = SamplingParams(n=8, temperature=1.0, top_p=1.0, max_tokens=args.response_length, logprobs=0)
+    result = {"engine_start_s": round(time.time() - start, 1), "settings": settings, "tokens_all": []}
+    result["tokens_per_s_all"] = []
+    params = SamplingParams(n=args.n, temperature=1.0, top_p=1.0, max_tokens=args.response_length, logprobs=0)
     for repeat in range(args.repeats + 1):
         start = time.perf_counter()
         outputs = llm.generate(prompts, params, use_tqdm=False)
         seconds = time.perf_counter() - start
         tokens = sum(len(o.token_ids) for out in outputs for o in out.outputs)
         if repeat:
+            result["tokens_all"].append(tokens)
             result["tokens_per_s_all"].append(round(tokens / seconds))
-        result.setdefault("tokens", tokens)
     return result
 
 
@@ -648,11 +683,20 @@ def main() -> None:
     standalone.add_argument("--data", type=Path, required=True, help="a verl parquet (prompt column)")
     standalone.add_argument("--out", type=Path, required=True)
     standalone.add_argument("--prompts", type=int, default=16)
+    standalone.add_argument("--n", type=int, default=8, help="samples per prompt (the run's rollout.n)")
     standalone.add_argument("--response-length", type=int, default=2048)
     standalone.add_argument("--repeats", type=int, default=3)
     for key in VLLM_SETTINGS:
         standalone.add_argument(f"--{key.replace('_', '-')}", type=float if "utilization" in key else int)
     args = parser.parse_args()
+    if args.what == "actor" and args.variants == "all" and (len(args.tokens) > 1 or args.checkpointing != ["on"]):
+        parser.exit(2, "error: several --tokens or --checkpointing need --variants recipe ('all' makes one table)\n")
+    if args.what == "gpu" and args.model in QWEN3_SHAPES and args.tokenizer is None:
+        parser.exit(2, "error: --model with a Qwen3 shape needs --tokenizer (Qwen's vocabulary: stapo.quickstart.tiny)"
+                       "\n")  # fmt: skip
+    if args.what == "gpu" and args.weights and args.model not in QWEN3_SHAPES:
+        parser.exit(2, f"error: --weights is for a Qwen3 shape (--model one of {', '.join(QWEN3_SHAPES)}); "
+                       "the tiny model is built by the run\n")  # fmt: skip
     if args.what != "mask" and not torch.cuda.is_available():
         parser.exit(2, f"error: benchmark {args.what} runs on a CUDA GPU and none is visible; `mask` runs on the CPU\n")
     if args.what == "mask":

@@ -153,6 +153,8 @@ def multi_node_overrides(args: list[str], nodes: int, per_node: int) -> list[str
     model's context (a 1.7B shape's 32,768 tokens need 3.5 GiB; found by the ``--shape`` run of 2026-11-27)."""
     limits = ("data.max_prompt_length=", "data.max_response_length=")
     lengths = dict(a.split("=", 1) for a in args if a.startswith(limits))
+    if len(lengths) != len(limits):
+        raise ValueError(f"multi_node_overrides: the run's overrides must set {' and '.join(limits)}")
     return replace_overrides(args, {"trainer.nnodes": nodes, "trainer.n_gpus_per_node": per_node}) + [
         *(f'+ray_kwargs.ray_init.runtime_env.env_vars.{k}="{v}"' for k, v in NETWORK_NCCL.items()),
         f"+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes={1 << 30}",
