@@ -101,3 +101,18 @@ def test_phase_comparison_drops_each_methods_first_round():
     assert result["justrl"]["steps"] == 3 and result["justrl"]["step_s"] == 34.0  # the 72 s first step is dropped
     assert result["stapo_old"]["step_s_ratio"] == round(35.0 / 34.0, 4)
     assert result["stapo_current"]["update_actor_s_ratio"] == round(16.0 / 14.0, 4)
+
+
+@pytest.mark.parametrize("model", ["tiny", "qwen3_1.7b"])
+def test_a_benchmark_runs_overrides_compose(tmp_path, model):
+    """What ``gpu --standalone`` reads: the rotating run's own overrides (tiny: the smoke's vLLM settings; a shape:
+    the size file's) and a user's, through Hydra as ``stapo.train`` composes them."""
+    import argparse
+
+    args = argparse.Namespace(model=model, cycles=2, prompts=16, response_length=2048)
+    config, run = benchmark.bench_run_args(args, tmp_path / "model", tmp_path / "train.parquet", tmp_path)
+    assert config[0] == "--config-name=stapo" and any(r.endswith(benchmark.TRAINER_MODE) for r in run)
+    rollout = benchmark.rollout_config([*config[1:], *run, "actor_rollout_ref.rollout.max_num_seqs=128"])
+    assert rollout.max_num_seqs == 128
+    assert rollout.gpu_memory_utilization == (0.6 if model == "qwen3_1.7b" else 0.3)  # size file; the tiny run's
+    assert rollout.n == (8 if model == "qwen3_1.7b" else 4)

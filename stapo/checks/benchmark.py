@@ -513,25 +513,13 @@ def standalone_speeds(args, model: Path, data: Path, config: list, run: list, re
     return speeds
 
 
-def bench_gpu(args) -> dict:
-    """The ``gpu`` measurement (module docstring): the rotating run, its start-up, per-stage table and rollout speed,
-    the methods' comparison (with ``--cycles`` of 2 or more) and, with ``--standalone``, vLLM's own speed."""
-    from stapo.checks.gpu_smoke import build_assets, overrides, read_jsonl
+def bench_run_args(args, model: Path, data: Path, out: Path) -> tuple[list[str], list[str]]:
+    """The rotating run's config choice (``--config-name``, ``size=``) and overrides: the size file's budgets and
+    parallelism for a Qwen3 shape (:func:`shape_run_overrides`), the smoke's tiny run otherwise; the bench trainer
+    mode in every Ray process, no mask or metrics of the method's own (each phase sets them)."""
+    from stapo.checks.gpu_smoke import overrides
     from stapo.quickstart.tiny import replace_overrides
 
-    out = args.out.resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    shape = QWEN3_SHAPES.get(args.model, {})
-    if shape:  # built on the GPU by another process: this driver must hold no GPU memory during the run
-        model = args.weights.resolve() if args.weights else out / "model"
-        if not args.weights:
-            subprocess.run(
-                [sys.executable, "-m", "stapo.checks.scale", "model", "--shape", args.model, "--tokenizer",
-                 str(args.tokenizer), "--out", str(model), "--device", "cuda"], check=True,
-            )  # fmt: skip
-        data = build_assets(out, tokenizer=args.tokenizer, build=False)[1]
-    else:
-        model, data = build_assets(out, tokenizer=args.tokenizer)
     steps = args.cycles * len(PHASES)
     changes = {
         "stapo.mask": "none",
@@ -541,7 +529,7 @@ def bench_gpu(args) -> dict:
         "+ray_kwargs.ray_init.runtime_env.env_vars.STAPO_BENCH": "'1'",  # env vars must be strings
         "actor_rollout_ref.actor.entropy_checkpointing": True,
     }
-    if shape:  # the size config's own budgets and parallelism
+    if args.model in QWEN3_SHAPES:
         config = ["--config-name=stapo", f"size={args.model}"]
         run = shape_run_overrides(
             model, data, out, steps=steps, prompts=args.prompts, response_length=args.response_length
@@ -557,7 +545,28 @@ def bench_gpu(args) -> dict:
                 "actor_rollout_ref.actor.optim.lr": 1e-6,
             }
         )
-    run = replace_overrides(run, changes)
+    return config, replace_overrides(run, changes)
+
+
+def bench_gpu(args) -> dict:
+    """The ``gpu`` measurement (module docstring): the rotating run, its start-up, per-stage table and rollout speed,
+    the methods' comparison (with ``--cycles`` of 2 or more) and, with ``--standalone``, vLLM's own speed."""
+    from stapo.checks.gpu_smoke import build_assets, read_jsonl
+
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    shape = QWEN3_SHAPES.get(args.model, {})
+    if shape:  # built on the GPU by another process: this driver must hold no GPU memory during the run
+        model = args.weights.resolve() if args.weights else out / "model"
+        if not args.weights:
+            subprocess.run(
+                [sys.executable, "-m", "stapo.checks.scale", "model", "--shape", args.model, "--tokenizer",
+                 str(args.tokenizer), "--out", str(model), "--device", "cuda"], check=True,
+            )  # fmt: skip
+        data = build_assets(out, tokenizer=args.tokenizer, build=False)[1]
+    else:
+        model, data = build_assets(out, tokenizer=args.tokenizer)
+    config, run = bench_run_args(args, model, data, out)
     cmd = [sys.executable, "-m", "stapo.train", *config, *run, *args.overrides]
     env = {**os.environ, "VERL_FILE_LOGGER_PATH": str(out / "metrics.jsonl"), "STAPO_BENCH": "1"}
     start = time.time()
