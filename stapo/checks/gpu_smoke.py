@@ -41,7 +41,7 @@ from collections import defaultdict
 from contextlib import ExitStack
 from pathlib import Path
 
-from stapo.config import StapoConfig
+from stapo.config import QWEN3_SHAPES, StapoConfig
 from stapo.quickstart.tiny import replace_overrides, tiny_run_overrides
 from stapo.s2t import distinct_silenced
 from stapo.tools.io import output_problem
@@ -278,7 +278,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--methods", default="justrl,stapo,stapo_current")
     parser.add_argument("--nodes", type=int, default=1, help="Ray nodes on this machine (--gpus/N GPUs each)")
-    parser.add_argument("--shape", help="a Qwen3 shape (qwen3_1.7b, ...) with random weights instead of the tiny model")
+    parser.add_argument("--shape", choices=sorted(QWEN3_SHAPES), help="a random Qwen3 of this shape, not the tiny one")
     parser.add_argument("--tokenizer", type=Path, help="with --shape: the tokenizer folder (Qwen's vocabulary)")
     args = parser.parse_args()
     if (args.shape is None) != (args.tokenizer is None):
