@@ -552,17 +552,12 @@ def bench_gpu(args) -> dict:
     """The ``gpu`` measurement (module docstring): the rotating run, its start-up, per-stage table and rollout speed,
     the methods' comparison (with ``--cycles`` of 2 or more) and, with ``--standalone``, vLLM's own speed."""
     from stapo.checks.gpu_smoke import build_assets, read_jsonl
+    from stapo.checks.scale import build_on_gpu
 
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    shape = QWEN3_SHAPES.get(args.model, {})
-    if shape:  # built on the GPU by another process: this driver must hold no GPU memory during the run
-        model = args.weights.resolve() if args.weights else out / "model"
-        if not args.weights:
-            subprocess.run(
-                [sys.executable, "-m", "stapo.checks.scale", "model", "--shape", args.model, "--tokenizer",
-                 str(args.tokenizer), "--out", str(model), "--device", "cuda"], check=True,
-            )  # fmt: skip
+    if args.model in QWEN3_SHAPES:
+        model = args.weights.resolve() if args.weights else build_on_gpu(args.model, args.tokenizer, out / "model")
         data = build_assets(out, tokenizer=args.tokenizer, build=False)[1]
     else:
         model, data = build_assets(out, tokenizer=args.tokenizer)
@@ -615,8 +610,8 @@ def bench_vllm(args) -> dict:
     settings = {k: getattr(args, k) for k in VLLM_SETTINGS if getattr(args, k) is not None}
     start = time.time()
     llm = LLM(model=str(args.model), dtype="bfloat16", seed=0, **settings)
-    result = {"engine_start_s": round(time.time() - start, 1), "settings": settings, "tokens_all": []}
-    result["tokens_per_s_all"] = []
+    result = {"engine_start_s": round(time.time() - start, 1), "settings": settings, "tokens_all": [],
+              "tokens_per_s_all": []}  # fmt: skip
     params = SamplingParams(n=args.n, temperature=1.0, top_p=1.0, max_tokens=args.response_length, logprobs=0)
     for repeat in range(args.repeats + 1):
         start = time.perf_counter()

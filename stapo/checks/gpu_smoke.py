@@ -41,6 +41,7 @@ from collections import defaultdict
 from contextlib import ExitStack
 from pathlib import Path
 
+from stapo.checks.scale import build_on_gpu
 from stapo.config import QWEN3_SHAPES, StapoConfig
 from stapo.quickstart.tiny import replace_overrides, tiny_run_overrides
 from stapo.s2t import distinct_silenced
@@ -299,8 +300,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     if args.shape:  # built on the GPU by another process: this driver must hold no GPU memory during the runs
         model, data = build_assets(args.out, tokenizer=args.tokenizer, build=False)
-        subprocess.run([sys.executable, "-m", "stapo.checks.scale", "model", "--shape", args.shape, "--tokenizer",
-                        str(args.tokenizer), "--out", str(model), "--device", "cuda"], check=True)  # fmt: skip
+        build_on_gpu(args.shape, args.tokenizer, model)
     else:
         model, data = build_assets(args.out)
     failed = False

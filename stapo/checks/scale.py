@@ -41,6 +41,17 @@ def build(shape: str, tokenizer: Path, out: Path, device: str | None) -> Path:
     return out
 
 
+def build_on_gpu(shape: str, tokenizer: Path, out: Path) -> Path:
+    """:func:`build` on the GPU in a process of its own (``python -m stapo.checks.scale model --device cuda``), so that
+    the caller, the driver of a run on that GPU, holds no GPU memory."""
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "stapo.checks.scale", "model", "--shape", shape, "--tokenizer", str(tokenizer)]
+    subprocess.run([*cmd, "--out", str(out), "--device", "cuda"], check=True)
+    return out
+
+
 def summary(paths: list[Path]) -> str:
     """A Markdown table, one row per step of each run."""
     from stapo.tools.report import read_metrics
