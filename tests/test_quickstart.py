@@ -236,6 +236,25 @@ def test_smollm2_chains_the_tools_of_the_gpu_experiment(tmp_path):
     assert not (tmp_path / "cpu").exists()
 
 
+def test_smollm2_src_is_handed_to_the_converter_and_checked_first(tmp_path):
+    """``--src`` (offline: the archive or .gguf) reaches ``stapo.tools.pretrained``; a missing file, or ``--src``
+    without ``--model smollm2``, stops in one line before any work."""
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF")
+    args = qs.build_parser().parse_args(["gpu", "--model", "smollm2", "--out", str(tmp_path / "o"), "--src", str(gguf)])
+    convert = list(map(str, qs.smollm2_commands(args)[0]))
+    assert convert[2] == "stapo.tools.pretrained" and convert[convert.index("--src") + 1] == str(gguf)
+    plain = qs.build_parser().parse_args(["gpu", "--model", "smollm2", "--out", str(tmp_path / "o")])
+    assert "--src" not in map(str, qs.smollm2_commands(plain)[0])
+    for argv, message in (
+        (["--model", "smollm2", "--src", str(tmp_path / "none.gguf")], "--src=.*no such file"),
+        (["--src", str(gguf)], "--src is the SmolLM2 archive"),
+    ):
+        with pytest.raises(SystemExit, match=message):
+            qs.main(["gpu", "--out", str(tmp_path / "bad"), *argv])
+    assert not (tmp_path / "bad").exists()
+
+
 def test_smollm2_keeps_the_steps_done_before(tmp_path, monkeypatch):
     """A second call with the same seed goes straight to the experiment (which keeps its own finished runs); the
     experiment itself needs a GPU, so the runner of the commands is stubbed here and only records them."""

