@@ -71,6 +71,17 @@ def test_vllm_and_the_actor_must_agree(tmp_path, correlation):
     assert len(problems) == 1 and "vLLM's and the actor's probabilities correlate" in problems[0]
 
 
+def test_a_step_without_spurious_tokens_is_summarised(tmp_path):
+    """A step whose pools silenced nothing has NaN shares, which verl's file logger writes as null (the random 1.7B
+    over two nodes, 2026-11-27: no correct answer in step 2): the summary keeps them as null instead of failing."""
+    run = write_run(tmp_path / "run", GOOD)
+    record = json.loads((run / "metrics.jsonl").read_text())
+    record["data"]["s2t/grad_bound/spurious_share"] = None
+    (run / "metrics.jsonl").write_text(json.dumps(record) + "\n")
+    problems, summary = check("stapo", run, gpus=1)
+    assert problems == [] and summary["s2t"] == [{"s2t/candidate_frac": 0.1, "s2t/grad_bound/spurious_share": None}]
+
+
 def test_one_token_of_slack_per_pool():
     assert pool_problems([(101, 75), (101, 74), (101, 76)], 0.75) == []
     assert len(pool_problems([(101, 73), (101, 77)], 0.75)) == 2

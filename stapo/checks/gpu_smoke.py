@@ -182,7 +182,9 @@ def check(method: str, out: Path, gpus: int, min_correlation: float = MIN_PROBS_
     problems = []
     steps = [r["data"] for r in read_jsonl([out / "metrics.jsonl"])]
     steps = [s for s in steps if "actor/pg_loss" in s]
-    summary = {"steps": len(steps), "s2t": [{k: round(s[k], 6) for k in S2T_METRICS if k in s} for s in steps]}
+    # a step without candidates has NaN shares (stapo.train.metrics.s2t_metrics), which verl writes as null
+    s2t = [{k: s[k] if s[k] is None else round(s[k], 6) for k in S2T_METRICS if k in s} for s in steps]
+    summary = {"steps": len(steps), "s2t": s2t}
     problems += [f"step {i + 1}: no {', '.join(S2T_METRICS)}" for i, s in enumerate(steps) if S2T_METRICS[0] not in s]
     warnings = [line for line in (out / "train.log").read_text().splitlines() if "STAPO WARNING" in line]
     problems += [f"train.log: {line.strip()[:300]}" for line in warnings[:3]]
