@@ -2,6 +2,9 @@
 the per-stage table from verl-shaped step metrics, and which rollout settings the standalone vLLM run takes. The GPU
 parts (the actor, vLLM, the rotating training run) run on the GPU hosts (docs/scale.md)."""
 
+import contextlib
+import os
+import signal
 import sys
 
 import pytest
@@ -30,13 +33,21 @@ def test_run_logged_returns_a_failure_and_no_events(tmp_path):
 
 
 def test_run_logged_returns_when_the_command_ends_though_a_child_keeps_its_output(tmp_path):
-    """A process the command leaves behind (a Ray or vLLM process) holding the output pipe does not hold the run."""
+    """A process the command leaves behind (a Ray or vLLM process) holding the output pipe does not hold the run; the
+    test stops that process itself (it records its pid) instead of leaving it to sleep on."""
+    pid_file = tmp_path / "child.pid"
     child = "[sys.executable, '-c', 'import time; time.sleep(30)']"
-    script = f"import subprocess, sys; subprocess.Popen({child}); print('x')"
+    script = f"import subprocess, sys; pid = subprocess.Popen({child}).pid; print('x')"
+    script += f"; open({str(pid_file)!r}, 'w').write(str(pid))"
     start = benchmark.time.monotonic()
-    returncode, _ = benchmark.run_logged([sys.executable, "-c", script], {}, tmp_path / "log", linger_s=1)
-    assert returncode == 0 and benchmark.time.monotonic() - start < 10
-    assert "] x" in (tmp_path / "log").read_text()
+    try:
+        returncode, _ = benchmark.run_logged([sys.executable, "-c", script], {}, tmp_path / "log", linger_s=1)
+        assert returncode == 0 and benchmark.time.monotonic() - start < 10
+        assert "] x" in (tmp_path / "log").read_text()
+    finally:
+        if pid_file.is_file():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)
 
 
 def step_row(seconds: float, gen: float, gpus: int = 1) -> dict:
