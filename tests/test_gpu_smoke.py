@@ -63,10 +63,10 @@ def test_each_failure_is_named(tmp_path, pools, dtype, log, expected):
     assert len(problems) == 1 and expected in problems[0]
 
 
-@pytest.mark.parametrize("correlation", [0.98, float("nan")])
+@pytest.mark.parametrize("correlation", [0.98, float("nan"), None])
 def test_vllm_and_the_actor_must_agree(tmp_path, correlation):
     """Check 8: a run whose sampler and trainer disagree (another run's weights in vLLM, a broken weight sync over
-    nodes) fails, as does one that did not log the comparison."""
+    nodes) fails, as does one that did not log the comparison or logged it as NaN (null in verl's file)."""
     problems, _ = check("stapo", write_run(tmp_path / "run", GOOD, correlation=correlation), gpus=1)
     assert len(problems) == 1 and "vLLM's and the actor's probabilities correlate" in problems[0]
 
