@@ -40,6 +40,11 @@ def place(tmp_path):
         (["-m", "stapo.checks.scale", "summary", "/missing.jsonl"], "/missing.jsonl: no such file or folder"),
         (["-m", "stapo.checks.benchmark", "actor", "--out", "b"], "runs on a CUDA GPU and none is visible"),
         (["-m", "stapo.checks.benchmark", "attention"], "runs on a CUDA GPU and none is visible"),
+        (
+            ["-m", "stapo.checks.benchmark", "gpu", "--out", "b", "--model", "qwen3_1.7b", "--tokenizer", "a-folder"]
+            + ["--weights", "a-folder"],
+            "--weights a-folder: no config.json there",
+        ),
         (["-m", "stapo.checks.gpu_smoke", "--out", "s"], "--gpus 1: 0 CUDA GPU(s) visible"),
         (["-m", "stapo.train", "--config-name=stapo", "stapo.tau_p=5"], "stapo.tau_p=5 is out of range"),
     ],

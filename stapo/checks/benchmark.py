@@ -701,6 +701,9 @@ def main() -> None:
     if args.what == "gpu" and args.weights and args.model not in QWEN3_SHAPES:
         parser.exit(2, f"error: --weights is for a Qwen3 shape (--model one of {', '.join(QWEN3_SHAPES)}); "
                        "the tiny model is built by the run\n")  # fmt: skip
+    if args.what == "gpu" and args.weights and not (args.weights / "config.json").is_file():
+        parser.exit(2, f"error: --weights {args.weights}: no config.json there; pass a Hugging Face model folder "
+                       "(python -m stapo.checks.scale model --shape SHAPE --tokenizer DIR --out DIR)\n")  # fmt: skip
     if args.what != "mask" and not torch.cuda.is_available():
         parser.exit(2, f"error: benchmark {args.what} runs on a CUDA GPU and none is visible; `mask` runs on the CPU\n")
     if args.what == "mask":
