@@ -188,8 +188,8 @@ def check(method: str, out: Path, gpus: int, min_correlation: float = MIN_PROBS_
     problems += [f"step {i + 1}: no {', '.join(S2T_METRICS)}" for i, s in enumerate(steps) if S2T_METRICS[0] not in s]
     warnings = [line for line in (out / "train.log").read_text().splitlines() if "STAPO WARNING" in line]
     problems += [f"train.log: {line.strip()[:300]}" for line in warnings[:3]]
-    correlation = [s.get("training/rollout_actor_probs_pearson_corr") for s in steps]
-    correlation = [math.nan if c is None else c for c in correlation]  # not logged, or logged as NaN (null)
+    pearson = "training/rollout_actor_probs_pearson_corr"  # absent: not logged; null: logged as NaN
+    correlation = [math.nan if s.get(pearson) is None else s[pearson] for s in steps]
     summary["probs_correlation"] = [round(c, 6) if c == c else None for c in correlation]  # NaN: not logged
     problems += [
         f"step {i + 1}: vLLM's and the actor's probabilities correlate {c:.6f} (< {min_correlation})"
