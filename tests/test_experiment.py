@@ -410,9 +410,10 @@ def test_summary_compares_methods_at_the_steps_every_run_reached(tmp_path, monke
     log_run(monkeypatch, tmp_path, "justrl", 1, 4, (0.30, 0.60), [1.0, 1.1, 1.2, 1.3])
     log_run(monkeypatch, tmp_path, "stapo", 0, 6, (0.25, 0.70), [1.0, 1.0, 1.0, 1.0, 9.0, 9.0], masked=0.002)
     table = ex.summarize(tmp_path, tmp_path / "plots")
-    header, _, *lines = [[c.strip() for c in line.strip("|").split("|")] for line in table.splitlines()]
-    rows = {cells[0]: dict(zip(header, cells)) for cells in lines}
+    rows, pairs = (parse_table(part) for part in table.split("\n\n"))
     justrl, stapo = rows["justrl"], rows["stapo"]
+    assert pairs["stapo - justrl"]["seeds"] == "0"  # paired over the seeds both ran: one, too few for a spread
+    assert pairs["stapo - justrl"]["val acc points @ 4"] == "-"
     assert (justrl["seeds"], justrl["steps run"], stapo["steps run"]) == ("0,1", "4/4", "6")
     assert justrl["val acc % @ 0"] == f"27.5 ± {statistics.stdev([25, 30]):.2g}"
     assert justrl["val acc % @ 4"] == f"55 ± {statistics.stdev([50, 60]):.2g}" and stapo["val acc % @ 4"] == "70"
@@ -425,6 +426,35 @@ def test_summary_compares_methods_at_the_steps_every_run_reached(tmp_path, monke
     assert (tmp_path / "summary.md").read_text() == table
     for name in ("entropy", "reward", "masked_frac", "val_arith"):
         assert (tmp_path / "plots" / f"{name}.png").stat().st_size > 1000
+
+
+def parse_table(markdown: str) -> dict[str, dict[str, str]]:
+    """A Markdown table of the summary as ``first cell -> {column: cell}``."""
+    header, _, *lines = [[c.strip() for c in line.strip("|").split("|")] for line in markdown.strip().splitlines()]
+    return {cells[0]: dict(zip(header, cells)) for cells in lines}
+
+
+def test_paired_differences_are_taken_seed_by_seed(tmp_path, monkeypatch):
+    # seed 1 is better than seed 0 in both arms (val +10 points, entropy +1): pairing removes that shared part
+    log_run(monkeypatch, tmp_path, "justrl", 0, 4, (0.25, 0.50), [1.0] * 4)
+    log_run(monkeypatch, tmp_path, "justrl", 1, 4, (0.30, 0.60), [2.0] * 4)
+    log_run(monkeypatch, tmp_path, "stapo", 0, 4, (0.25, 0.55), [0.5] * 4, masked=0.001)
+    log_run(monkeypatch, tmp_path, "stapo", 1, 4, (0.30, 0.69), [1.7] * 4, masked=0.001)
+    log_run(monkeypatch, tmp_path, "stapo", 2, 4, (0.30, 0.99), [9.0] * 4, masked=0.001)  # no JustRL seed 2: left out
+    pair = ex.paired_rows(ex.read_runs(tmp_path))
+    assert [(row["difference"], row["seeds"]) for row in pair] == [("stapo - justrl", "0,1")]
+
+    def numbers(cell):  # "mean ± sd (t T)"
+        mean, rest = cell.split(" ± ")
+        sd, t = rest.removesuffix(")").split(" (t ")
+        return float(mean), float(sd), float(t)
+
+    mean, sd, t = numbers(pair[0]["val acc points @ 4"])  # differences 5 and 9 points
+    assert mean == pytest.approx(7) and sd == pytest.approx(statistics.stdev([5, 9]), rel=0.05)
+    assert t == pytest.approx(7 / (statistics.stdev([5, 9]) / 2**0.5), rel=0.05)  # two significant digits
+    mean, sd, t = numbers(pair[0]["entropy @ 1-4"])  # differences -0.5 and -0.3
+    assert (mean, sd, t) == pytest.approx((-0.4, statistics.stdev([-0.5, -0.3]), -4.0), rel=0.05)
+    assert pair[0]["gradient norm @ 1-4"] == "-"  # not logged
 
 
 def test_a_cluster_that_is_ending_is_waited_for(monkeypatch, foreign_ray_ignored):

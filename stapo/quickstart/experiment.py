@@ -19,7 +19,8 @@ checkpoint (verl's ``resume_mode: auto``; from step 0 with ``--save-freq 0``).
 
 ``summary`` reads the runs' metrics and writes ``summary.md`` (per method, at the steps every run reached: mean ±
 standard deviation over seeds of the validation accuracy before and after training, the training reward, the actor
-entropy, the response length, the silenced share and the gradient-norm bound of the tokens S2T flags) and, with
+entropy, the response length, the silenced share and the gradient-norm bound of the tokens S2T flags; then the
+differences between methods paired by seed, :func:`paired_rows`) and, with
 matplotlib, the curves of each method as the mean over seeds with a min-max band
 (:func:`stapo.tools.report.plot_runs`). docs/experiments.md reports a run.
 """
@@ -211,18 +212,32 @@ def _bound_ratio(metrics: dict[str, dict[int, float]], steps: range) -> float:
     return statistics.fmean(ratios) if ratios else math.nan
 
 
-def summary_rows(runs: dict[str, dict[int, dict[str, dict[int, float]]]]) -> list[dict[str, str]]:
+Runs = dict[str, dict[int, dict[str, dict[int, float]]]]
+"""``method -> {seed -> metrics}`` (:func:`read_runs`)."""
+
+
+def _common_steps(runs: Runs) -> tuple[int, str | None, list[int]]:
+    """(the last step every run reached, the validation accuracy's key, the steps every run validated)."""
+    everyone = [m for seeds in runs.values() for m in seeds.values()]
+    end = min(max(m["critic/score/mean"]) for m in everyone)
+    val_key = next((k for m in everyone for k in sorted(m) if VALIDATION.fullmatch(k)), None)
+    return end, val_key, band([m.get(val_key, {}) for m in everyone])[0] if val_key else []
+
+
+def _ordered(runs: Runs) -> list[str]:
+    """The methods of ``runs`` in the recipe's order (others, e.g. sweep runs, last)."""
+    return sorted(runs, key=lambda m: methods().index(m) if m in methods() else len(methods()))
+
+
+def summary_rows(runs: Runs) -> list[dict[str, str]]:
     """One row per method, every number the mean ± sd over its seeds, all at steps that every run reached (so that
     methods are compared at the same point even when some runs stopped early): validation accuracy at the first and
     the last step all runs validated, the :data:`STATE` metrics over the last :data:`LAST` such steps, the
     :data:`EVENTS` metrics and the candidates' gradient-norm bound relative to the other tokens' over all of them."""
-    everyone = [m for seeds in runs.values() for m in seeds.values()]
-    end = min(max(m["critic/score/mean"]) for m in everyone)
-    val_key = next((k for m in everyone for k in sorted(m) if VALIDATION.fullmatch(k)), None)
-    val_steps = band([m.get(val_key, {}) for m in everyone])[0] if val_key else []
+    end, val_key, val_steps = _common_steps(runs)
     last, whole = range(max(end - LAST, 0) + 1, end + 1), range(1, end + 1)
     rows = []
-    for method in sorted(runs, key=lambda m: methods().index(m) if m in methods() else len(methods())):
+    for method in _ordered(runs):
         group = [runs[method][seed] for seed in sorted(runs[method])]
         row = {"method": method, "seeds": ",".join(map(str, sorted(runs[method])))}
         row["steps run"] = "/".join(str(max(m["critic/score/mean"])) for m in group)
@@ -237,6 +252,48 @@ def summary_rows(runs: dict[str, dict[int, dict[str, dict[int, float]]]]) -> lis
     return rows
 
 
+PAIRED = (("entropy", "actor/entropy", 1), ("gradient norm", "actor/grad_norm", 1))
+"""Training metrics the paired table compares over the last :data:`LAST` steps that every run reached."""
+
+
+def _paired_cell(differences: Sequence[float]) -> str:
+    """``mean ± sd (t)`` of per-seed differences, t = mean / (sd / √n); ``-`` for fewer than two."""
+    differences = [d for d in differences if not math.isnan(d)]
+    if len(differences) < 2:
+        return "-"
+    mean, sd = statistics.fmean(differences), statistics.stdev(differences)
+    t = mean / (sd / math.sqrt(len(differences))) if sd else math.copysign(math.inf, mean) if mean else math.nan
+    return f"{mean:+.3g} ± {sd:.2g} (t {t:.2g})"
+
+
+def paired_rows(runs: Runs) -> list[dict[str, str]]:
+    """Differences between methods paired by seed: a run's seed sets its prompt order and vLLM's sampling, so the arms
+    of one seed share that part of the noise and their difference does not. One row per pair of methods (the later
+    minus the earlier, in the recipe's order) over the seeds both ran, at the steps every run reached: the validation
+    accuracy at the last step all runs validated and the :data:`PAIRED` metrics over the last :data:`LAST` such steps.
+    Each cell is ``mean ± sd (t)`` of the per-seed differences, with n - 1 degrees of freedom for n seeds: the
+    two-sided 5 % level is |t| ≥ 12.7, 4.30, 3.18, 2.78 for 2, 3, 4, 5 seeds (docs/experiments.md section 9.3)."""
+    end, val_key, val_steps = _common_steps(runs)
+    last = range(max(end - LAST, 0) + 1, end + 1)
+    order, rows = _ordered(runs), []
+    for i, first in enumerate(order):
+        for second in order[i + 1 :]:
+            seeds = sorted(runs[first].keys() & runs[second].keys())
+            pair = [(runs[second][seed], runs[first][seed]) for seed in seeds]
+            row = {"difference": f"{second} - {first}", "seeds": ",".join(map(str, seeds))}
+            if val_steps:
+                step = val_steps[-1]
+                row[f"val acc points @ {step}"] = _paired_cell(
+                    [100 * (b[val_key][step] - a[val_key][step]) for b, a in pair]
+                )
+            for label, key, scale in PAIRED:
+                row[f"{label} @ {last.start}-{end}"] = _paired_cell(
+                    [scale * (_mean_over(b.get(key, {}), last) - _mean_over(a.get(key, {}), last)) for b, a in pair]
+                )
+            rows.append(row)
+    return rows
+
+
 def to_markdown(rows: Sequence[dict[str, str]]) -> str:
     """The rows as a Markdown table."""
     columns = list(rows[0])
@@ -248,7 +305,8 @@ def to_markdown(rows: Sequence[dict[str, str]]) -> str:
 def summarize(folder: Path, plots: Path | None) -> str:
     """Write ``folder/summary.md`` and, where matplotlib is installed, the curves into ``plots``; return the table."""
     runs = read_runs(folder)
-    table = to_markdown(summary_rows(runs))
+    pairs = paired_rows(runs)
+    table = to_markdown(summary_rows(runs)) + ("\n" + to_markdown(pairs) if pairs else "")
     write_atomic(folder / "summary.md", table)
     if plots is not None:
         try:
