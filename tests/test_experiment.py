@@ -6,6 +6,7 @@ and curves) from metrics written by verl's own FileLogger. The training runs the
 from __future__ import annotations
 
 import json
+import math
 import re
 import shutil
 import statistics
@@ -455,6 +456,8 @@ def test_paired_differences_are_taken_seed_by_seed(tmp_path, monkeypatch):
     mean, sd, t = numbers(pair[0]["entropy @ 1-4"])  # differences -0.5 and -0.3
     assert (mean, sd, t) == pytest.approx((-0.4, statistics.stdev([-0.5, -0.3]), -4.0), rel=0.05)
     assert pair[0]["gradient norm @ 1-4"] == "-"  # not logged
+    assert ex._paired_cell([1.0, math.nan, 3.0]) == "+2 ± 1.4 (t 2, 2 seeds)"  # a seed without the metric is named
+    assert ex._paired_cell([0.5, 0.5]) == "+0.5 ± 0 (t inf)"
 
 
 def test_a_cluster_that_is_ending_is_waited_for(monkeypatch, foreign_ray_ignored):

@@ -252,18 +252,19 @@ def summary_rows(runs: Runs) -> list[dict[str, str]]:
     return rows
 
 
-PAIRED = (("entropy", "actor/entropy", 1), ("gradient norm", "actor/grad_norm", 1))
+PAIRED = (("entropy", "actor/entropy"), ("gradient norm", "actor/grad_norm"))
 """Training metrics the paired table compares over the last :data:`LAST` steps that every run reached."""
 
 
 def _paired_cell(differences: Sequence[float]) -> str:
-    """``mean ± sd (t)`` of per-seed differences, t = mean / (sd / √n); ``-`` for fewer than two."""
-    differences = [d for d in differences if not math.isnan(d)]
-    if len(differences) < 2:
+    """``mean ± sd (t T)`` of per-seed differences, t = mean / (sd / √n), and ``, N seeds`` where a seed without the
+    metric (NaN) was left out; ``-`` for fewer than two."""
+    kept = [d for d in differences if not math.isnan(d)]
+    if len(kept) < 2:
         return "-"
-    mean, sd = statistics.fmean(differences), statistics.stdev(differences)
-    t = mean / (sd / math.sqrt(len(differences))) if sd else math.copysign(math.inf, mean) if mean else math.nan
-    return f"{mean:+.3g} ± {sd:.2g} (t {t:.2g})"
+    mean, sd = statistics.fmean(kept), statistics.stdev(kept)
+    t = mean / (sd / math.sqrt(len(kept))) if sd else math.copysign(math.inf, mean) if mean else math.nan
+    return f"{mean:+.3g} ± {sd:.2g} (t {t:.3g}{'' if len(kept) == len(differences) else f', {len(kept)} seeds'})"
 
 
 def paired_rows(runs: Runs) -> list[dict[str, str]]:
@@ -286,9 +287,9 @@ def paired_rows(runs: Runs) -> list[dict[str, str]]:
                 row[f"val acc points @ {step}"] = _paired_cell(
                     [100 * (b[val_key][step] - a[val_key][step]) for b, a in pair]
                 )
-            for label, key, scale in PAIRED:
+            for label, key in PAIRED:
                 row[f"{label} @ {last.start}-{end}"] = _paired_cell(
-                    [scale * (_mean_over(b.get(key, {}), last) - _mean_over(a.get(key, {}), last)) for b, a in pair]
+                    [_mean_over(b.get(key, {}), last) - _mean_over(a.get(key, {}), last) for b, a in pair]
                 )
             rows.append(row)
     return rows
