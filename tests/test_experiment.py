@@ -452,7 +452,7 @@ def test_paired_differences_are_taken_seed_by_seed(tmp_path, monkeypatch):
 
     mean, sd, t = numbers(pair[0]["val acc points @ 4"])  # differences 5 and 9 points
     assert mean == pytest.approx(7) and sd == pytest.approx(statistics.stdev([5, 9]), rel=0.05)
-    assert t == pytest.approx(7 / (statistics.stdev([5, 9]) / 2**0.5), rel=0.05)  # two significant digits
+    assert t == pytest.approx(7 / (statistics.stdev([5, 9]) / 2**0.5), rel=0.05)  # as rounded in the cell
     mean, sd, t = numbers(pair[0]["entropy @ 1-4"])  # differences -0.5 and -0.3
     assert (mean, sd, t) == pytest.approx((-0.4, statistics.stdev([-0.5, -0.3]), -4.0), rel=0.05)
     assert pair[0]["gradient norm @ 1-4"] == "-"  # not logged
