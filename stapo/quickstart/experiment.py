@@ -216,12 +216,14 @@ Runs = dict[str, dict[int, dict[str, dict[int, float]]]]
 """``method -> {seed -> metrics}`` (:func:`read_runs`)."""
 
 
-def _common_steps(runs: Runs) -> tuple[int, str | None, list[int]]:
-    """(the last step every run reached, the validation accuracy's key, the steps every run validated)."""
+def _common_steps(runs: Runs) -> tuple[range, str | None, list[int]]:
+    """(the last :data:`LAST` steps that every run reached, the validation accuracy's key, the steps every run
+    validated)."""
     everyone = [m for seeds in runs.values() for m in seeds.values()]
     end = min(max(m["critic/score/mean"]) for m in everyone)
     val_key = next((k for m in everyone for k in sorted(m) if VALIDATION.fullmatch(k)), None)
-    return end, val_key, band([m.get(val_key, {}) for m in everyone])[0] if val_key else []
+    last = range(max(end - LAST, 0) + 1, end + 1)
+    return last, val_key, band([m.get(val_key, {}) for m in everyone])[0] if val_key else []
 
 
 def _ordered(runs: Runs) -> list[str]:
@@ -234,8 +236,8 @@ def summary_rows(runs: Runs) -> list[dict[str, str]]:
     methods are compared at the same point even when some runs stopped early): validation accuracy at the first and
     the last step all runs validated, the :data:`STATE` metrics over the last :data:`LAST` such steps, the
     :data:`EVENTS` metrics and the candidates' gradient-norm bound relative to the other tokens' over all of them."""
-    end, val_key, val_steps = _common_steps(runs)
-    last, whole = range(max(end - LAST, 0) + 1, end + 1), range(1, end + 1)
+    last, val_key, val_steps = _common_steps(runs)
+    end, whole = last.stop - 1, range(1, last.stop)
     rows = []
     for method in _ordered(runs):
         group = [runs[method][seed] for seed in sorted(runs[method])]
@@ -274,8 +276,7 @@ def paired_rows(runs: Runs) -> list[dict[str, str]]:
     accuracy at the last step all runs validated and the :data:`PAIRED` metrics over the last :data:`LAST` such steps.
     Each cell is ``mean ± sd (t)`` of the per-seed differences, with n - 1 degrees of freedom for n seeds: the
     two-sided 5 % level is |t| ≥ 12.7, 4.30, 3.18, 2.78 for 2, 3, 4, 5 seeds (docs/experiments.md section 9.3)."""
-    end, val_key, val_steps = _common_steps(runs)
-    last = range(max(end - LAST, 0) + 1, end + 1)
+    last, val_key, val_steps = _common_steps(runs)
     order, rows = _ordered(runs), []
     for i, first in enumerate(order):
         for second in order[i + 1 :]:
@@ -288,7 +289,7 @@ def paired_rows(runs: Runs) -> list[dict[str, str]]:
                     [100 * (b[val_key][step] - a[val_key][step]) for b, a in pair]
                 )
             for label, key in PAIRED:
-                row[f"{label} @ {last.start}-{end}"] = _paired_cell(
+                row[f"{label} @ {last.start}-{last.stop - 1}"] = _paired_cell(
                     [_mean_over(b.get(key, {}), last) - _mean_over(a.get(key, {}), last) for b, a in pair]
                 )
             rows.append(row)
