@@ -43,7 +43,7 @@ def place(tmp_path):
         (
             ["-m", "stapo.checks.benchmark", "gpu", "--out", "b", "--model", "qwen3_1.7b", "--tokenizer", "a-folder"]
             + ["--weights", "a-folder"],
-            "--weights a-folder: no config.json there",
+            "--weights a-folder: no config.json in it",
         ),
         (["-m", "stapo.checks.gpu_smoke", "--out", "s"], "--gpus 1: 0 CUDA GPU(s) visible"),
         (["-m", "stapo.train", "--config-name=stapo", "stapo.tau_p=5"], "stapo.tau_p=5 is out of range"),

@@ -59,7 +59,7 @@ from pathlib import Path
 import torch
 
 from stapo.config import QWEN3_SHAPES
-from stapo.tools.io import write_atomic
+from stapo.tools.io import model_folder_problems, write_atomic
 
 PHASES = ("justrl", "stapo_old", "stapo_current")
 TRAINER_MODE = "stapo_bench"
@@ -124,7 +124,6 @@ def bench_actor(args) -> dict:
     from verl.utils.flops_counter import FlopsCounter
     from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
 
-    from stapo.config import QWEN3_SHAPES
     from stapo.train import attention, verl_patches
 
     attention.register()
@@ -701,9 +700,10 @@ def main() -> None:
     if args.what == "gpu" and args.weights and args.model not in QWEN3_SHAPES:
         parser.exit(2, f"error: --weights is for a Qwen3 shape (--model one of {', '.join(QWEN3_SHAPES)}); "
                        "the tiny model is built by the run\n")  # fmt: skip
-    if args.what == "gpu" and args.weights and not (args.weights / "config.json").is_file():
-        parser.exit(2, f"error: --weights {args.weights}: no config.json there; pass a Hugging Face model folder "
-                       "(python -m stapo.checks.scale model --shape SHAPE --tokenizer DIR --out DIR)\n")  # fmt: skip
+    if args.what == "gpu" and args.weights:
+        for problem in model_folder_problems(args.weights, f"--weights {args.weights}"):
+            hint = "python -m stapo.checks.scale model --shape SHAPE --tokenizer DIR --out DIR"
+            parser.exit(2, f"error: {problem} ({hint})\n")
     if args.what != "mask" and not torch.cuda.is_available():
         parser.exit(2, f"error: benchmark {args.what} runs on a CUDA GPU and none is visible; `mask` runs on the CPU\n")
     if args.what == "mask":
