@@ -24,7 +24,7 @@ def test_run_logged_times_the_startup_events_of_a_real_process(tmp_path):
     assert times == sorted(times) and times[-1] - times[0] >= 0.29 * (len(lines) - 1)  # sleeps of 0.3 s between
     written = log.read_text().splitlines()
     assert len(written) == len(lines) and all(line.startswith("[") and "] " in line for line in written)
-    assert float(written[-1][1:].split("]")[0]) == pytest.approx(events["ready_to_fit"], abs=0.1)
+    assert float(written[-1][1:].split("]")[0]) == pytest.approx(events["agents_ready"], abs=0.1)
 
 
 def test_run_logged_returns_a_failure_and_no_events(tmp_path):
@@ -79,6 +79,28 @@ def test_stage_table_per_gpu_figures(gpus):
     assert table["peak_actor_gb"] == 30.0
 
 
+@pytest.mark.parametrize("gpus", [1, 2])
+def test_stage_table_mfu_of_both_passes_on_the_drivers_clock(gpus):
+    """verl's FLOP count of the 1.7B shape (dense weights including the untied-size embedding and head, plus causal
+    attention) over the step's sequences, per GPU and second of the H100's dense bfloat16 peak; the old-log-prob pass
+    (forward only) counts a third."""
+    from transformers import Qwen3Config
+
+    from stapo.config import QWEN3_SHAPES
+
+    shape = QWEN3_SHAPES["qwen3_1.7b"]
+    rows = [step_row(40.0, 20.0, gpus), step_row(44.0, 16.0, gpus)]
+    table = benchmark.stage_table(rows, Qwen3Config(**shape), peak_tflops=989.0)
+    hidden, layers, heads = shape["hidden_size"], shape["num_hidden_layers"], shape["num_attention_heads"]
+    q, kv = heads * shape["head_dim"], shape["num_key_value_heads"] * shape["head_dim"]
+    dense = layers * (3 * hidden * shape["intermediate_size"] + hidden * (2 * q + 2 * kv)) + 2 * 151936 * hidden
+    flop = 6 * dense * 128 * 2030 + 6 * 128 * 2030**2 * shape["head_dim"] * heads * layers
+    assert table["mfu_update_driver"] == pytest.approx(flop / 1e12 / 989.0 / gpus / 16.0, abs=1e-3)
+    assert table["mfu_old_log_prob_driver"] == pytest.approx(flop / 1e12 / 989.0 / gpus / 3 / 5.0, abs=1e-3)
+    assert 0.05 < table["mfu_update_driver"] * gpus < 0.5  # 3.6 PFLOP in 16 s of one H100
+    assert "mfu_update_driver" not in benchmark.stage_table(rows)  # without the model's config: verl's figure only
+
+
 def test_the_standalone_run_takes_the_runs_composed_rollout_settings():
     """The size file over verl's defaults and the recipe's base.yaml, then overrides, the last one winning."""
     rollout = benchmark.rollout_config(["size=qwen3_1.7b"])
@@ -120,10 +142,68 @@ def test_a_benchmark_runs_overrides_compose(tmp_path, model):
     the size file's) and a user's, through Hydra as ``stapo.train`` composes them."""
     import argparse
 
-    args = argparse.Namespace(model=model, cycles=2, prompts=16, response_length=2048)
+    args = argparse.Namespace(model=model, cycles=2, prompts=16, response_length=2048, gpus=1)
     config, run = benchmark.bench_run_args(args, tmp_path / "model", tmp_path / "train.parquet", tmp_path)
     assert config[0] == "--config-name=stapo" and any(r.endswith(benchmark.TRAINER_MODE) for r in run)
     rollout = benchmark.rollout_config([*config[1:], *run, "actor_rollout_ref.rollout.max_num_seqs=128"])
     assert rollout.max_num_seqs == 128
     assert rollout.gpu_memory_utilization == (0.6 if model == "qwen3_1.7b" else 0.3)  # size file; the tiny run's
     assert rollout.n == (8 if model == "qwen3_1.7b" else 4)
+
+
+def test_a_shape_run_on_two_gpus_is_one_node_and_loads_the_waiting_agent_manager(tmp_path):
+    """``--gpus 2`` of the 8B shape: one node of two GPUs (its size file says 2 x 8), and verl's own loader finds the
+    agent-loop manager the run names."""
+    import argparse
+
+    from hydra import compose, initialize_config_dir
+    from verl.trainer.ppo.v1 import AgentLoopManagerTQ
+    from verl.utils.import_utils import load_class_from_fqn
+
+    from stapo.checks.ready_agents import ReadyAgentLoopManager
+    from stapo.config import CONFIG_DIR
+
+    args = argparse.Namespace(model="qwen3_8b", cycles=1, prompts=16, response_length=2048, gpus=2)
+    config, run = benchmark.bench_run_args(args, tmp_path / "model", tmp_path / "train.parquet", tmp_path)
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        composed = compose(config_name="stapo", overrides=[*config[1:], *run])
+    assert (composed.trainer.nnodes, composed.trainer.n_gpus_per_node) == (1, 2)
+    manager = load_class_from_fqn(composed.actor_rollout_ref.rollout.agent.agent_loop_manager_class, "AgentLoopManager")
+    assert manager is ReadyAgentLoopManager and issubclass(manager, AgentLoopManagerTQ)
+
+
+def test_the_agent_manager_returns_once_its_workers_are_up(tmp_path, foreign_ray_ignored, capsys):
+    """verl's own worker creation (``_init_agent_loop_workers``: named actors, node affinity) on a Ray cluster of the
+    test's own; the workers stand in for verl's agent-loop workers, which need a vLLM server (a GPU): they take 2 s to
+    start and leave a file when up. verl's manager returns at once; the benchmark's returns after they are up."""
+    import asyncio
+    import time
+    from types import SimpleNamespace
+
+    import ray
+
+    from stapo.checks.ready_agents import ReadyAgentLoopManager
+    from stapo.train import clusters
+
+    class SlowWorker:
+        def __init__(self, config, llm_client, teacher_client, reward_handles):
+            time.sleep(2)
+            (config / f"up-{os.getpid()}").touch()
+
+    with clusters.local_cluster(["0"], tmp_path / "ray.log") as (address, _):
+        ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+        try:
+            manager = object.__new__(ReadyAgentLoopManager)  # the attributes verl's __init__ sets and the method reads
+            manager.rollout_config = SimpleNamespace(agent=SimpleNamespace(num_workers=2))
+            manager.agent_loop_workers_class = ray.remote(num_cpus=0)(SlowWorker)
+            manager.config, manager.llm_client, manager.teacher_client = tmp_path, None, None
+            manager.reward_loop_worker_handles = None
+            start = time.monotonic()
+            asyncio.run(manager._init_agent_loop_workers())
+            seconds = time.monotonic() - start
+            up = sorted(tmp_path.glob("up-*"))
+        finally:
+            ray.shutdown()
+    assert len(manager.agent_loop_workers) == 2 and len(up) == 2 and seconds >= 2
+    assert f"{benchmark.READY_LINE}: 2 in" in capsys.readouterr().out
+    foreign_ray_ignored()

@@ -24,18 +24,18 @@ python -m stapo.checks.benchmark attention
     grouped-query heads, causal), on one GPU; exits non-zero when they differ beyond bfloat16 rounding.
 
 python -m stapo.checks.benchmark gpu --out DIR [--model tiny|qwen3_1.7b ... --cycles 6 --standalone 3]
-    One real training run (verl V1 trainer, vLLM, FSDP, one GPU) that switches method every step, in --cycles
-    rounds: JustRL (verl's stock update: no mask, no s2t/* metrics), STAPO with policy_source=old (mask and
-    metrics), STAPO with policy_source=current. Same process, same card, same warm engines, and any drift of the
-    machine spread over all three: per method, the median step and actor-update times over the rounds after the
-    first (warm-up; so with ``--cycles`` 2 or more), and the largest peak GPU memory of its actor updates in those
-    rounds. verl reports the actor's
-    peak as a running maximum over the process, so the benchmark resets the CUDA peak counter in the actor worker
-    before every update (one GPU: verl's ``execute_func_rank_zero`` reaches the only rank). Also: the start-up
+    One real training run (verl V1 trainer, vLLM, FSDP; --gpus of one node, default 1) that switches method every
+    step, in --cycles rounds: JustRL (verl's stock update: no mask, no s2t/* metrics), STAPO with policy_source=old
+    (mask and metrics), STAPO with policy_source=current. Same process, same card, same warm engines, and any drift
+    of the machine spread over all three: per method, the median step and actor-update times over the rounds after
+    the first (warm-up; so with ``--cycles`` 2 or more), and the largest peak GPU memory of its actor updates in
+    those rounds. verl reports the actor's peak as a running maximum over the process, so the benchmark resets the
+    CUDA peak counter in the actor worker before every update (verl's ``execute_func_rank_zero``: on one GPU the
+    only rank; with more, verl reports the largest rank's, and the other ranks keep running maxima). Also: the start-up
     (seconds from launch to each of verl's set-up log lines, STARTUP_EVENTS; ``train.log`` carries the seconds on
-    every line), the per-stage table of the JustRL and STAPO steps after the first (:func:`warm_rows`), the rollout's
-    generated tokens per second in every step and, with ``--standalone R``, vLLM's own speed on the same GPU after
-    the run (``vllm`` below) and the ratio of each step's to it.
+    every line), the per-stage table of the JustRL and STAPO steps after the first (:func:`warm_rows`), the
+    rollout's generated tokens per second in every step and, with ``--standalone R``, vLLM's own speed on the same
+    GPU after the run (``vllm`` below) and the ratio of each step's to it.
 
 python -m stapo.checks.benchmark vllm --model DIR --data PARQUET --out DIR [--prompts 16 --response-length 2048]
     Standalone vLLM (``LLM.generate``) on the same prompts and sampling as the recipe's rollout: tokens per second of
@@ -334,10 +334,12 @@ def register_bench_trainer() -> None:
             return super()._update_actor(batch, metrics)
 
 
-def shape_run_overrides(model: Path, data: Path, out: Path, *, steps: int, prompts: int, response_length: int) -> list:
-    """Overrides of a one-GPU run of a model at its true shape: the size config's own token budgets and
-    parallelism, with the batch, steps, response length, data and reward (the smoke's digit share, so that every group
-    has positive and negative advantages) of a benchmark."""
+def shape_run_overrides(
+    model: Path, data: Path, out: Path, *, steps: int, prompts: int, response_length: int, gpus: int = 1
+) -> list:
+    """Overrides of a run of a model at its true shape on ``gpus`` GPUs of one node: the size config's own token
+    budgets and parallelism, with the batch, steps, response length, data and reward (the smoke's digit share, so that
+    every group has positive and negative advantages) of a benchmark."""
     from stapo.quickstart.tiny import short_run_overrides
 
     return [
@@ -350,10 +352,14 @@ def shape_run_overrides(model: Path, data: Path, out: Path, *, steps: int, promp
         f"data.max_response_length={response_length}",
         "reward.custom_reward_function.path=pkg://stapo.checks.gpu_smoke",
         "reward.custom_reward_function.name=smoke_reward",
-        "trainer.n_gpus_per_node=1",
+        "trainer.nnodes=1",
+        f"trainer.n_gpus_per_node={gpus}",
         *short_run_overrides(out, steps),
     ]
 
+
+READY_LINE = "agent loop workers ready"
+"""The line :class:`stapo.checks.ready_agents.ReadyAgentLoopManager` logs once verl's agent-loop workers are up."""
 
 STARTUP_EVENTS = (
     ("driver_ready", "ray init kwargs"),
@@ -363,11 +369,13 @@ STARTUP_EVENTS = (
     ("vllm_server", "['serve',"),
     ("vllm_engine_spawned", "We must use the `spawn` multiprocessing start method"),
     ("ready_to_fit", "ready to fit"),
+    ("agents_ready", READY_LINE),
 )
-"""(name, text of a log line of verl 0.9.1, Ray 2.60 or vLLM 0.24) of the start-up phases, in order: the driver's
-imports and checks until ``ray.init``; a local Ray cluster; the TaskRunner, TransferQueue, the trainer and datasets
-until the worker group; the actor's FSDP engine; vLLM's server process (with verl's agent-loop workers); vLLM's
-engine process; its weights, compilation, CUDA graphs and the first weight sync until the first step. A line that
+"""(name, text of a log line of verl 0.9.1, Ray 2.60, vLLM 0.24 or the benchmark) of the start-up phases, in order:
+the driver's imports and checks until ``ray.init``; a local Ray cluster; the TaskRunner, TransferQueue, the trainer
+and datasets until the worker group; the actor's FSDP engine; vLLM's server process (with verl's reward-loop
+workers); vLLM's engine process; its weights, compilation, CUDA graphs and the first weight sync until verl's "ready to
+fit"; then verl's agent-loop workers (:mod:`stapo.checks.ready_agents`), which the first step needs. A line that
 does not come (a cluster given by ``RAY_ADDRESS`` starts none) is left out."""
 
 
@@ -422,15 +430,35 @@ def warm_rows(rows: list[dict]) -> list[dict]:
     return [r for r in rows[1:] if r["bench/phase"] != PHASES.index("stapo_current")]
 
 
-def stage_table(rows: list[dict]) -> dict:
+def step_tflop(model_config, row: dict) -> float:
+    """verl's count (``FlopsCounter``'s function for the model type, TFLOP) of one forward and backward pass over a
+    step's sequences, each taken at the step's mean prompt + response length (the attention term needs each length;
+    a benchmark's barely vary)."""
+    from verl.utils.flops_counter import ESTIMATE_FUNC
+
+    length = round(row["prompt_length/mean"] + row["response_length/mean"])
+    sequences = round(row["perf/total_num_tokens"] / length)
+    return ESTIMATE_FUNC[model_config.model_type](model_config, length * sequences, [length] * sequences, 1.0)
+
+
+def stage_table(rows: list[dict], model_config=None, peak_tflops: float | None = None) -> dict:
     """Medians over ``rows`` (verl's step metrics) of the per-stage figures NeMo RL reports: generated tokens per
     second and GPU, old-log-prob and update tokens per second and GPU (prompt + response tokens), step time, the
-    actor's MFU and peak memory."""
+    actor's MFU and peak memory. verl 0.9.1's V1 trainer reports the update's MFU (on the workers' clock) but not the
+    old-log-prob pass's; with the model's ``model_config`` and the GPU's ``peak_tflops`` both are added on the
+    driver's clock (:func:`step_tflop`; a forward-only pass counts a third of it, as verl counts one)."""
     gpus = rows[0]["perf/total_num_tokens"] / rows[0]["perf/throughput"] / rows[0]["timing_s/step"]
 
     def median(fn):
         return round(statistics.median(fn(r) for r in rows), 3)
 
+    mfu = {}
+    if model_config is not None and peak_tflops:
+        per_gpu = {id(r): step_tflop(model_config, r) / peak_tflops / round(gpus) for r in rows}
+        mfu = {
+            "mfu_update_driver": median(lambda r: per_gpu[id(r)] / r["timing_s/update_actor"]),
+            "mfu_old_log_prob_driver": median(lambda r: per_gpu[id(r)] / 3 / r["timing_s/old_log_prob"]),
+        }
     return {
         "steps": len(rows),
         "gpus": round(gpus),
@@ -445,6 +473,7 @@ def stage_table(rows: list[dict]) -> dict:
         "update_tokens_per_s_per_gpu": median(lambda r: r["perf/total_num_tokens"] / r["timing_s/update_actor"] / gpus),
         "update_weights_s": median(lambda r: r.get("timing_s/update_weights", float("nan"))),
         "mfu_actor": median(lambda r: r["perf/mfu/actor"]),
+        **mfu,
         "peak_actor_gb": round(max(r["actor/perf/max_memory_allocated_gb"] for r in rows), 2),
     }
 
@@ -515,7 +544,8 @@ def standalone_speeds(args, model: Path, data: Path, config: list, run: list, re
 def bench_run_args(args, model: Path, data: Path, out: Path) -> tuple[list[str], list[str]]:
     """The rotating run's config choice (``--config-name``, ``size=``) and overrides: the size file's budgets and
     parallelism for a Qwen3 shape (:func:`shape_run_overrides`), the smoke's tiny run otherwise; the bench trainer
-    mode in every Ray process, no mask or metrics of the method's own (each phase sets them)."""
+    mode in every Ray process, no mask or metrics of the method's own (each phase sets them), and an agent-loop manager
+    that waits for its workers (:mod:`stapo.checks.ready_agents`), so that their start-up is not the first step's."""
     from stapo.checks.gpu_smoke import overrides
     from stapo.quickstart.tiny import replace_overrides
 
@@ -527,15 +557,16 @@ def bench_run_args(args, model: Path, data: Path, out: Path) -> tuple[list[str],
         "ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES": f"'{PLUGINS}'",
         "+ray_kwargs.ray_init.runtime_env.env_vars.STAPO_BENCH": "'1'",  # env vars must be strings
         "actor_rollout_ref.actor.entropy_checkpointing": True,
+        "+actor_rollout_ref.rollout.agent.agent_loop_manager_class": "stapo.checks.ready_agents.ReadyAgentLoopManager",
     }
     if args.model in QWEN3_SHAPES:
         config = ["--config-name=stapo", f"size={args.model}"]
         run = shape_run_overrides(
-            model, data, out, steps=steps, prompts=args.prompts, response_length=args.response_length
+            model, data, out, steps=steps, prompts=args.prompts, response_length=args.response_length, gpus=args.gpus
         )
     else:
         config = ["--config-name=stapo"]
-        run = overrides("stapo", model, data, 1, steps, out, audit=False)
+        run = overrides("stapo", model, data, args.gpus, steps, out, audit=False)
         changes.update(
             {
                 "data.max_response_length": args.response_length,
@@ -573,7 +604,10 @@ def bench_gpu(args) -> dict:
     rows = [r["data"] for r in read_jsonl([out / "metrics.jsonl"]) if "bench/phase" in r["data"]]
     if args.cycles > 1:
         result.update(phase_comparison(rows))
-    result["stages"] = stage_table(warm_rows(rows))
+    from transformers import AutoConfig
+    from verl.utils.flops_counter import get_device_flops
+
+    result["stages"] = stage_table(warm_rows(rows), AutoConfig.from_pretrained(model), get_device_flops())
     recipe = [round(generated_tokens(r) / r["timing_s/gen"]) for r in rows]
     result["rollout"] = {"recipe_tokens_per_s_all": recipe}
     write_atomic(out / "gpu.json", json.dumps(result, indent=1) + "\n")
@@ -665,6 +699,7 @@ def main() -> None:
     gpu.add_argument("--cycles", type=int, default=6, help="rounds of the three methods; the first is warm-up")
     gpu.add_argument("--prompts", type=int, default=16, help="prompts per step")
     gpu.add_argument("--response-length", type=int, default=64)
+    gpu.add_argument("--gpus", type=int, default=1, help="GPUs of this node (trainer.n_gpus_per_node)")
     gpu.add_argument("--weights", type=Path, help="a model folder of --model's shape to use instead of building one")
     gpu.add_argument(
         "--standalone",

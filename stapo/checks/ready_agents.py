@@ -1,0 +1,26 @@
+"""The agent-loop manager of ``python -m stapo.checks.benchmark gpu`` runs: verl's own, which also waits until its
+worker processes are up.
+
+verl 0.9.1 creates the agent-loop workers (``actor_rollout_ref.rollout.agent.num_workers`` Ray actors, each importing
+verl) after "ready to fit" and does not wait for them, so the first step's clock (``timing_s/step`` and
+``timing_s/gen``) holds their start-up: 30-45 s at the 1.7B shape (docs/scale.md section 11). Waiting here moves that
+time to the start-up, where it belongs, and logs it, so that the benchmark's first step measures generation. verl's
+hook ``agent.agent_loop_manager_class`` selects this class; training runs keep verl's manager.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from verl.trainer.ppo.v1 import AgentLoopManagerTQ
+
+from stapo.checks.benchmark import READY_LINE
+
+
+class ReadyAgentLoopManager(AgentLoopManagerTQ):
+    async def _init_agent_loop_workers(self):
+        start = time.monotonic()
+        await super()._init_agent_loop_workers()
+        await asyncio.gather(*(worker.__ray_ready__.remote() for worker in self.agent_loop_workers))
+        print(f"{READY_LINE}: {len(self.agent_loop_workers)} in {time.monotonic() - start:.1f} s", flush=True)
