@@ -452,12 +452,14 @@ def stage_table(rows: list[dict], model_config=None, peak_tflops: float | None =
     def median(fn):
         return round(statistics.median(fn(r) for r in rows), 3)
 
+    def peak_seconds(row):  # the step's forward and backward FLOPs in seconds of the GPUs' peak
+        return step_tflop(model_config, row) / peak_tflops / gpus
+
     mfu = {}
     if model_config is not None and peak_tflops:
-        per_gpu = {id(r): step_tflop(model_config, r) / peak_tflops / round(gpus) for r in rows}
         mfu = {
-            "mfu_update_driver": median(lambda r: per_gpu[id(r)] / r["timing_s/update_actor"]),
-            "mfu_old_log_prob_driver": median(lambda r: per_gpu[id(r)] / 3 / r["timing_s/old_log_prob"]),
+            "mfu_update_driver": median(lambda r: peak_seconds(r) / r["timing_s/update_actor"]),
+            "mfu_old_log_prob_driver": median(lambda r: peak_seconds(r) / 3 / r["timing_s/old_log_prob"]),
         }
     return {
         "steps": len(rows),
@@ -607,7 +609,9 @@ def bench_gpu(args) -> dict:
     from transformers import AutoConfig
     from verl.utils.flops_counter import get_device_flops
 
-    result["stages"] = stage_table(warm_rows(rows), AutoConfig.from_pretrained(model), get_device_flops())
+    peak = get_device_flops()
+    peak = None if peak == float("inf") else peak  # a card verl does not know: no MFU columns rather than 0
+    result["stages"] = stage_table(warm_rows(rows), AutoConfig.from_pretrained(model), peak)
     recipe = [round(generated_tokens(r) / r["timing_s/gen"]) for r in rows]
     result["rollout"] = {"recipe_tokens_per_s_all": recipe}
     write_atomic(out / "gpu.json", json.dumps(result, indent=1) + "\n")
@@ -735,6 +739,8 @@ def main() -> None:
     if args.what == "gpu" and args.weights and args.model not in QWEN3_SHAPES:
         parser.exit(2, f"error: --weights is for a Qwen3 shape (--model one of {', '.join(QWEN3_SHAPES)}); "
                        "the tiny model is built by the run\n")  # fmt: skip
+    if args.what == "gpu" and args.standalone and args.gpus != 1:
+        parser.exit(2, "error: --standalone compares the rollout with vLLM on one GPU; run it with --gpus 1\n")
     if args.what == "gpu" and args.weights:
         for problem in model_folder_problems(args.weights, f"--weights {args.weights}"):
             hint = "python -m stapo.checks.scale model --shape SHAPE --tokenizer DIR --out DIR"
