@@ -629,7 +629,8 @@ def bench_vllm(args) -> dict:
     """Standalone vLLM (``LLM.generate``) on the prompts the recipe's run draws from: the first ``--prompts`` rows of
     the parquet through the chat template (as verl's agent loop sends them), ``--n`` samples each at temperature 1, up
     to ``--response-length`` tokens, with the log-probability of each sampled token (as the recipe's rollout asks for
-    it). One untimed repeat, then ``--repeats`` timed: generated tokens per second of each."""
+    it). A first call, then ``--repeats`` timed ones: generated tokens per second of each, the first call's apart
+    (``first_call_tokens_per_s``: vLLM's one-time work at the first requests falls in it)."""
     import pandas as pd
     from transformers import AutoTokenizer
 
@@ -658,6 +659,8 @@ def bench_vllm(args) -> dict:
         if repeat:
             result["tokens_all"].append(tokens)
             result["tokens_per_s_all"].append(round(tokens / seconds))
+        else:
+            result["first_call_tokens_per_s"] = round(tokens / seconds)
     return result
 
 
