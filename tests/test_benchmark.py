@@ -208,12 +208,3 @@ def test_the_agent_manager_returns_once_its_workers_are_up(tmp_path, foreign_ray
     assert len(manager.agent_loop_workers) == 2 and len(up) == 2 and seconds >= 2
     assert f"{benchmark.READY_LINE}: 2 in" in capsys.readouterr().out
     foreign_ray_ignored()
-
-
-def test_standalone_vllm_is_compared_on_one_gpu_only(tmp_path):
-    """vLLM's standalone run uses one GPU: a rollout over two would be compared with it at twice its speed."""
-    import subprocess
-
-    cmd = [sys.executable, "-m", "stapo.checks.benchmark", "gpu", "--out", str(tmp_path), "--gpus", "2"]
-    done = subprocess.run([*cmd, "--standalone", "2"], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2 and "--standalone compares the rollout with vLLM on one GPU" in done.stderr

@@ -45,6 +45,10 @@ def place(tmp_path):
             + ["--weights", "a-folder"],
             "--weights a-folder: no config.json in it",
         ),
+        (  # the standalone vLLM run is on one GPU: a rollout over two would look twice as fast
+            ["-m", "stapo.checks.benchmark", "gpu", "--out", "b", "--gpus", "2", "--standalone", "2"],
+            "--standalone compares the rollout with vLLM on one GPU; run it with --gpus 1",
+        ),
         (["-m", "stapo.checks.gpu_smoke", "--out", "s"], "--gpus 1: 0 CUDA GPU(s) visible"),
         (["-m", "stapo.train", "--config-name=stapo", "stapo.tau_p=5"], "stapo.tau_p=5 is out of range"),
     ],
