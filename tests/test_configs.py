@@ -27,9 +27,22 @@ def load(name="stapo", *overrides):
 
 
 def test_methods_and_sizes_come_from_the_config_folder():
-    assert methods() == tuple(sorted([*MASKS, *ABLATIONS])) and sizes() == tuple(MODELS)
+    assert methods() == tuple(sorted([*MASKS, *ABLATIONS])) and sizes() == (*MODELS, "smollm2_135m")
     assert [title(m) for m in ("grpo", "entropy20", "justrl", "stapo")] == ["GRPO", "20-Entropy", "JustRL", "STAPO"]
-    assert [title(s) for s in sizes()] == ["1.7B", "8B", "14B"]
+    assert [title(s) for s in sizes()] == ["1.7B", "8B", "14B", "SmolLM2-135M"]
+
+
+@pytest.mark.parametrize("method", MASKS)
+def test_the_smollm2_size_file_fits_its_model_on_one_gpu(method):
+    """The size file to copy for a model of one's own: SmolLM2-135M's 8,192-token context holds prompt and response,
+    one GPU, four PPO mini-batches; the method's settings are untouched."""
+    cfg = load(method, "size=smollm2_135m")
+    stapo = validate(cfg, environment=False)
+    assert stapo.mask == MASKS[method] and cfg.trainer.experiment_name == f"{method}_smollm2_135m"
+    assert cfg.data.max_prompt_length + cfg.data.max_response_length <= 8192
+    assert cfg.data.train_batch_size == 4 * cfg.actor_rollout_ref.actor.ppo_mini_batch_size
+    assert cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node == 1
+    assert cfg.actor_rollout_ref.actor.clip_ratio_high == load(method).actor_rollout_ref.actor.clip_ratio_high
 
 
 @pytest.mark.parametrize("size", MODELS)

@@ -293,15 +293,16 @@ def test_bad_input_stops_early_with_the_fix(assets, tmp_path, monkeypatch, capsy
     err = bad_run(assets, tmp_path, monkeypatch, capsys, "--shard", "2/2")
     assert "--shard '2/2'" in err
     err = bad_run(assets, tmp_path, monkeypatch, capsys, "--model", str(tmp_path))
-    assert f"{tmp_path}: no config.json" in err
+    assert f"--model {tmp_path}: neither a Hugging Face model folder (no config.json) nor a training checkpoint" in err
 
 
 def test_without_vllm_the_error_says_how_to_install_it(assets, tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "vllm", None)  # import vllm raises ImportError
     with pytest.raises(SystemExit):
-        run_cli(assets, tmp_path)
+        run_cli(assets, tmp_path / "out")
     err = capsys.readouterr().err
     assert "generation needs vLLM" in err and "pip install -e '.[gpu]'" in err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "out").exists()  # no run.json written first
 
 
 def test_changed_settings_do_not_mix_into_a_run(assets, tmp_path, monkeypatch, capsys):

@@ -4,6 +4,7 @@ The silenced tokens are checked against an independent computation: a plain full
 advantages by hand, then stapo.s2t.s2t_mask on the padded batch.
 """
 
+import json
 import math
 import os
 import random
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+import standins
 import torch
 from hydra import compose, initialize_config_dir
 from verl.utils.tracking import FileLogger
@@ -165,7 +167,8 @@ def test_gpu_overrides_compose_and_validate(method, tmp_path):
     assert (cfg.data.train_batch_size, cfg.actor_rollout_ref.rollout.n) == (qs.PROMPTS, qs.ROLLOUTS)
     assert cfg.actor_rollout_ref.actor.ppo_mini_batch_size * 4 == qs.PROMPTS
     assert cfg.reward.custom_reward_function.path == "pkg://stapo.tools.reward"
-    assert "hf_model" in cfg.actor_rollout_ref.actor.checkpoint.save_contents and cfg.trainer.save_freq == 8
+    assert cfg.trainer.save_freq == 8  # verl's checkpoint, as scripts/train.sh writes it; evaluate merges it
+    assert "hf_model" not in cfg.actor_rollout_ref.actor.checkpoint.save_contents
     assert stapo.mask == ("s2t" if method == "stapo" else "none") and (method == "justrl" or stapo.tau_p == 0.02)
 
 
@@ -207,33 +210,86 @@ def test_bad_options_stop_before_any_work(tmp_path):
         assert not (tmp_path / "out").exists()  # nothing built
 
 
-def test_smollm2_chains_the_tools_of_the_gpu_experiment(tmp_path):
-    """``--model smollm2`` runs docs/experiments.md section 9.1's tools in order: each step reads what the one before
-    writes, the task steps run here for real, and the experiment's settings pass the trainer's checks for all three
-    methods; options of the tiny model's run are refused, and so is the CPU mode (a warm-up step takes 45 s on 2
-    cores), in one line before any work."""
-    from stapo.quickstart import experiment as ex
+def test_the_gpu_chain_runs_from_a_new_folder_to_its_table_and_plots(tmp_path, monkeypatch, capsys):
+    """``gpu`` mode run for real from an output folder that does not exist yet: task, warm-up, two training runs,
+    the evaluation of their checkpoints, the table and the plots. Stand-ins replace only what needs a GPU
+    (tests/standins.py): verl's trainer (writing verl's metrics and checkpoints where the real one does, with verl's
+    own code) and vLLM in the evaluation (transformers' sampling); torch.cuda.is_available is stubbed and the warm-up
+    runs on the CPU. A wrong path between two steps, a missing folder or a lost log fails here."""
+    monkeypatch.setattr(qs.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(qs, "GPU", "cpu")
+    monkeypatch.setattr(qs, "call", standins.calls(qs.call))
+    out = tmp_path / "new" / "quickstart"
+    qs.main(["gpu", "--out", str(out), *TINY, "--eval-problems", "2", "--samples", "2", "--steps", "2"])
+    printed = capsys.readouterr().out
+    table = re.search(r"validation accuracy, avg@2 .*?\n((?:  \w+ +[\d.]+%\n)+)", printed)
+    assert table and [line.split()[0] for line in table[1].splitlines()] == ["warmup", "justrl", "stapo"]
+    assert "S2T over 2 STAPO steps (tau_p = 0.1): 8 candidates, 6 masked" in printed  # the stand-in's counts
+    for method in ("justrl", "stapo"):
+        assert "step:2" in (out / method / "train.log").read_text()
+        assert (out / method / "ckpt" / "global_step_2" / "actor" / "huggingface_merged" / "config.json").is_file()
+    for label in ("warmup", "justrl", "stapo"):
+        summary = json.loads((out / "eval" / label / "train" / "summary.json").read_text())
+        assert summary["benchmarks"]["arith"]["problems"] == 4 and summary["benchmarks"]["arith"]["n"] == 2
+    assert {p.name for p in (out / "plots").glob("*.png")} >= {"entropy.png", "reward.png", "masked_frac.png"}
 
-    argv = ["--model", "smollm2", "--out", str(tmp_path), "--steps", "20", "--seed", "1"]
-    commands = [list(map(str, c)) for c in qs.smollm2_commands(qs.build_parser().parse_args(["gpu", *argv]))]
-    tools = [c[2].rsplit(".", 1)[1] for c in commands]
-    assert tools == ["pretrained", *["task"] * 5, "warmup", "experiment"]
-    convert, tasks, warm, train = commands[0], commands[1:6], commands[6], commands[7]
-    after = lambda cmd, flag: cmd[cmd.index(flag) + 1]  # noqa: E731
-    assert after(warm, "--model") == after(convert, "--out")
-    excluded = warm[warm.index("--exclude") + 1 :]
-    assert excluded == [f"{after(t, '--out')}/{part}.parquet" for t in tasks for part in ("train", "validation")]
-    run = ex.build_parser().parse_args(train[3:])
-    assert run.model == Path(after(warm, "--out")) / "step-300" and run.data == Path(after(tasks[0], "--out"))
-    assert (run.methods, run.seeds, run.steps, run.tau_p) == (["justrl", "stapo", "stapo_random"], [1], 20, 0.02)
-    for make_task in tasks:
-        task.main(make_task[3:])
-    assert all(Path(path).is_file() for path in excluded)
-    ex.check_overrides(run)  # composes each method with the overrides and runs the trainer's config checks
+
+@pytest.fixture
+def small_gguf(tmp_path):
+    from test_pretrained import write_gguf
+
+    write_gguf(tmp_path / "small.gguf")
+    return tmp_path / "small.gguf"
+
+
+def test_the_smollm2_chain_runs_from_a_new_folder_to_its_table_and_curves(
+    small_gguf, tmp_path, monkeypatch, capsys, foreign_ray_ignored
+):
+    """``--model smollm2`` run for real from an output folder that does not exist yet (at commit ea1edb6 it stopped in
+    its first second on the converter's log): the converter (on a small GGUF of SmolLM2's layout, written by
+    tests/test_pretrained.py), the five word tasks, the warm-up (on the CPU, which the small model allows) and the
+    experiment tool with its Ray clusters, to the table and curves it prints. Stand-ins (tests/standins.py): verl's
+    trainer inside the experiment, one GPU declared to it, torch.cuda.is_available here, and the converter's check
+    that its GGUF is the real SmolLM2-135M (whose warm-up needs a GPU)."""
+    monkeypatch.setattr(qs.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(qs, "call", standins.calls(qs.call))
+    out = tmp_path / "new" / "smollm2"
+    qs.main(["gpu", "--model", "smollm2", "--out", str(out), "--src", str(small_gguf), "--steps", "2", "--seed", "1"])
+    printed = capsys.readouterr().out
+    experiment = out / "experiment-s1"
+    rows = re.findall(r"^\| (justrl|stapo|stapo_random) \| 1 \| 2 \|", printed, re.M)
+    assert rows == ["justrl", "stapo", "stapo_random"]  # summary.md, printed: one row per arm, seed 1, 2 steps
+    assert f"table: {experiment / 'summary.md'}" in printed
+    for log in ("raw", "word1", "word5", "smollm2-s1", "experiment-s1"):  # one a step
+        assert (out / "logs" / f"{log}.log").stat().st_size > 0, log
+    assert (out / "smollm2-s1" / "step-300" / "config.json").is_file()
+    for arm in ("justrl", "stapo", "stapo_random"):
+        assert (experiment / "runs" / f"{arm}-s1" / "exit_code").read_text() == "0\n"
+        assert "step:2" in (experiment / "runs" / f"{arm}-s1" / "train.log").read_text()
+    assert (experiment / "plots" / "entropy.png").is_file()
+    record = json.loads((experiment / "experiment.json").read_text())
+    assert record["model"] == str(out / "smollm2-s1" / "step-300") and record["steps"] == "2"
+    foreign_ray_ignored("the experiment left a Ray cluster running")
+
+
+def test_the_smollm2_options_of_the_tiny_run_and_the_cpu_mode_are_refused(tmp_path):
+    argv = ["--model", "smollm2", "--out", str(tmp_path / "cpu")]
     for extra, message in ((["--lr", "1e-3"], "--lr sets the tiny model's run"), ([], "runs in gpu mode only")):
         with pytest.raises(SystemExit, match=message):
-            qs.main(["cpu", *argv[:2], "--out", str(tmp_path / "cpu"), *extra])
+            qs.main(["cpu", *argv, *extra])
     assert not (tmp_path / "cpu").exists()
+
+
+def test_an_output_folder_that_cannot_be_made_is_one_line(tmp_path):
+    (tmp_path / "file").write_text("x")
+    for out, message in (
+        (tmp_path / "file", f"error: --out {tmp_path / 'file'}: a file is in the way; name a folder"),
+        (tmp_path / "file" / "sub", f"error: --out {tmp_path / 'file' / 'sub'}: cannot make the folder (Not a dir"),
+    ):
+        with pytest.raises(SystemExit) as stop:
+            qs.main(["cpu", "--out", str(out), *TINY, "--eval-problems", "2"])
+        assert str(stop.value).startswith(message) and "\n" not in str(stop.value)
+    assert (tmp_path / "file").read_text() == "x"
 
 
 def test_smollm2_src_is_handed_to_the_converter_and_checked_first(tmp_path):
@@ -265,7 +321,15 @@ def test_smollm2_keeps_the_steps_done_before(tmp_path, monkeypatch):
         made.parent.mkdir(parents=True, exist_ok=True)
         made.write_text("{}")
     ran = []
-    monkeypatch.setattr(qs, "call", lambda cmd, log, **env: ran.append(cmd))
+
+    def record(cmd, log, **env):  # the runner, stubbed: it records, and writes the experiment's table
+        ran.append(cmd)
+        if str(cmd[2]) == "stapo.quickstart.experiment":
+            summary = Path(cmd[cmd.index("--out") + 1]) / "summary.md"
+            summary.parent.mkdir(parents=True, exist_ok=True)
+            summary.write_text("| method |\n")
+
+    monkeypatch.setattr(qs, "call", record)
     qs.run_smollm2(args)
     assert ran == commands[-1:]
     ran.clear()

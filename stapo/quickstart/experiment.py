@@ -82,6 +82,8 @@ RUN_KEYS = {
 }
 """Keys the experiment sets for each run, and what sets them: overrides after ``--`` may not change them (two runs
 would share a seed or a checkpoint folder, or an option would not mean what it says)."""
+TRAINER = [sys.executable, "-m", "stapo.train"]
+"""The program that trains one run (its Hydra overrides follow); tests/standins.py puts a stand-in here on a CPU."""
 MAX_WARMUP_ROUNDS = 4
 """Warm-up rounds (of ``--warmup-steps`` each) at most while the sampled accuracy is below ``--warmup-target``."""
 LAST = 10
@@ -617,8 +619,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     paths = task_paths(args.data or args.out / "data")
 
     def command(run: Run) -> list:
-        config = [sys.executable, "-m", "stapo.train", f"--config-name={run.method}"]
-        return config + run_overrides(run, folder, paths, args)
+        return [*TRAINER, f"--config-name={run.method}", *run_overrides(run, folder, paths, args)]
 
     codes = launch(plan(args.methods, args.seeds, args.sweep_lrs), command, gpus, args.out, 60 * args.stall_minutes)
     print(summarize(args.out, args.out / "plots"))

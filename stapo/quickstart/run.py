@@ -38,7 +38,7 @@ from stapo.quickstart import task
 from stapo.quickstart.tiny import replace_overrides, tiny_run_overrides
 from stapo.tools.data import make_prompt, write_parquet
 from stapo.tools.inspect_tokens import Rollout, format_token, grpo_advantages, silenced_tokens, token_stats
-from stapo.tools.io import follow_umask
+from stapo.tools.io import follow_umask, output_problem
 from stapo.tools.report import read_metrics
 from stapo.tools.reward import compute_score
 
@@ -54,6 +54,8 @@ MAX_NEW_TOKENS = 48
 """Response budget: a worked solution is about 25 tokens of the tiny tokenizer."""
 PROMPTS, ROLLOUTS = 64, 8
 """Prompts per RL step and responses per prompt of the GPU path."""
+GPU = "cuda"
+"""The device of the GPU path's warm-up (the chain's tests run it on the CPU)."""
 
 
 # ------------------------------------------------------------------------------------------------- model and data
@@ -200,7 +202,8 @@ def run_cpu(args: argparse.Namespace, model, tokenizer, problems, responses, sco
 # ---------------------------------------------------------------------------------------------------- GPU path
 def train_overrides(method: str, model: Path, paths: dict[str, Path], steps: int, out: Path, tau_p: float) -> list:
     """Hydra overrides of one quickstart run: the tiny-model run of :func:`stapo.quickstart.tiny.tiny_run_overrides`
-    with the recipe's reward, validation on the task's validation split and a Hugging Face checkpoint at the end.
+    with the recipe's reward, validation on the task's validation split and a checkpoint at the end (verl's, as
+    ``scripts/train.sh`` writes it: ``stapo.tools.evaluate`` reads it, :mod:`stapo.tools.checkpoint`).
 
     Steps are few and large (:data:`PROMPTS` x :data:`ROLLOUTS` responses, four PPO mini-batches of one micro-batch
     each): each verl run spends minutes starting Ray, vLLM and FSDP, while a step of the tiny model costs seconds
@@ -217,7 +220,6 @@ def train_overrides(method: str, model: Path, paths: dict[str, Path], steps: int
         "trainer.val_before_train": True,
         "trainer.test_freq": steps,  # validation before and after training: each costs about 15 s
         "trainer.save_freq": steps,
-        "actor_rollout_ref.actor.checkpoint.save_contents": "[model,optimizer,extra,hf_model]",
         "actor_rollout_ref.actor.optim.lr_warmup_steps": 0,
         "actor_rollout_ref.rollout.val_kwargs.n": 8,
     }
@@ -231,6 +233,7 @@ def call(cmd: list, log: Path, **env: str) -> None:
     """Run ``cmd`` (with ``env`` added to the environment) and its output in ``log``; stop with the log's tail if it
     fails."""
     print(f"$ {' '.join(map(str, cmd))}  (log: {log})", flush=True)
+    log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as stream:
         code = subprocess.run(
             list(map(str, cmd)), stdout=stream, stderr=subprocess.STDOUT, env={**os.environ, **env}
@@ -255,7 +258,7 @@ def run_gpu(args: argparse.Namespace, warm: Path, paths: dict[str, Path], val: l
         cmd = [sys.executable, "-m", "stapo.train", f"--config-name={method}"]
         overrides = train_overrides(method, warm, paths, args.steps, out, args.tau_p)
         call(cmd + overrides, out / "train.log", VERL_FILE_LOGGER_PATH=str(out / "metrics.jsonl"))
-        models[method] = out / "ckpt" / f"global_step_{args.steps}" / "actor" / "huggingface"
+        models[method] = out / "ckpt" / f"global_step_{args.steps}"  # verl's checkpoint, as train.sh writes it
     write_parquet(task.to_rows(val, "validation", args.seed), args.out / "eval_data" / f"{EVAL_NAME}.parquet")
     call(
         [sys.executable, "-m", "stapo.tools.evaluate", "--model", *models.values(), "--label", *models, "--data"]
@@ -355,6 +358,8 @@ def check_model_args(args: argparse.Namespace) -> None:
 
 def check_args(args: argparse.Namespace) -> None:
     """Every option of the quickstart, before any work."""
+    if problem := output_problem(args.out, "folder"):
+        raise SystemExit(f"error: {problem}")
     check_model_args(args)
     if args.steps < 1:
         raise SystemExit(f"error: --steps={args.steps}: must be a positive integer")
@@ -435,6 +440,9 @@ SMOLLM2_CPU_STEP_S = 45
 300-step warm-up would take hours there, so ``--model smollm2`` needs a GPU and the tiny model stays the default."""
 
 
+SMOLLM2_VAL = 200
+"""Validation problems of each word-problem level (section 9.1 validated on 500: 200 keep the quickstart's two
+validations short; avg@8 of 200 problems has a standard error of about 3 points at 30 %)."""
 SMOLLM2_MADE = {"pretrained": "config.json", "task": "train.parquet", "warmup": "step-300/config.json"}
 """What each tool of :func:`smollm2_commands` leaves in its ``--out`` once done (a step found done is kept)."""
 
@@ -454,7 +462,7 @@ def smollm2_commands(args: argparse.Namespace) -> list[list]:
         [py, "-m", "stapo.tools.pretrained", "--out", raw, *(["--src", args.src] if args.src else [])],
         *[
             [py, "-m", "stapo.quickstart.task", "word", "--difficulty", d, "--out", tasks / f"word{d}", "--seed", seed]
-            + ["--train", 5000, "--val", 500]
+            + ["--train", 5000, "--val", SMOLLM2_VAL]
             for d in levels
         ],
         [py, "-m", "stapo.quickstart.warmup", "--model", raw, "--out", warm, "--steps", 300, "--seed", seed]
@@ -470,25 +478,33 @@ def smollm2_commands(args: argparse.Namespace) -> list[list]:
 
 
 def run_smollm2(args: argparse.Namespace) -> None:
-    """Run :func:`smollm2_commands` one after the other, each step's log in ``args.out``; a step whose output is there
-    from an earlier call with the same seed is kept (the experiment tool keeps its finished runs itself)."""
+    """Run :func:`smollm2_commands` one after the other, each step's log in ``args.out/logs``; a step whose output is
+    there from an earlier call with the same seed is kept (the experiment tool keeps its finished runs itself); then
+    print the experiment's table."""
     for cmd in smollm2_commands(args):
         tool, output = str(cmd[2]).rsplit(".", 1)[1], Path(cmd[cmd.index("--out") + 1])
         if tool in SMOLLM2_MADE and (output / SMOLLM2_MADE[tool]).is_file():
             print(f"{tool}: {output / SMOLLM2_MADE[tool]} is there from before, kept")
             continue
-        call(cmd, args.out / f"{tool}-{output.name}.log")
-    print(f"outputs: {args.out} (model: smollm2*/, tasks: tasks-s{args.seed}/, runs, table, curves: experiment-s*/)")
+        call(cmd, args.out / "logs" / f"{output.name}.log")
+    experiment = args.out / f"experiment-s{args.seed}"
+    print(f"\n{(experiment / 'summary.md').read_text()}")
+    print(f"outputs: {args.out} (model: smollm2*/, tasks: tasks-s{args.seed}/; runs: {experiment / 'runs'}, table: "
+          f"{experiment / 'summary.md'}, curves: {experiment / 'plots'})")  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Command-line entry point (``python -m stapo.quickstart``)."""
     args = build_parser().parse_args(argv)
     check_args(args)
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise SystemExit(f"error: --out {args.out}: cannot make the folder ({error.strerror})") from None
     if args.model == "smollm2":
         run_smollm2(args)
         return
-    warm = prepare(args, "cuda" if args.mode == "gpu" else "cpu")
+    warm = prepare(args, GPU if args.mode == "gpu" else "cpu")
     if args.mode == "gpu":
         run_gpu(args, warm.folder, warm.paths, warm.splits["validation"])
     else:

@@ -67,6 +67,11 @@ class Shape:
 
 
 @functools.cache
+def qwen3_sizes() -> list[str]:
+    """The size files of the paper's Qwen3 models (the cost model knows their shapes), e.g. not smollm2_135m."""
+    return [size for size in sizes() if size in QWEN3_SHAPES]
+
+
 def model_facts(size: str) -> dict:
     """Parameters (tied embeddings once), weight bytes (bfloat16), key-value bytes per token and the config of a
     Qwen3 shape; the parameters are counted on a model built on the ``meta`` device (no memory)."""
@@ -234,7 +239,7 @@ def table(args: argparse.Namespace) -> str:
         "| generation | old log-probs | update |",
         "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for size in sizes():
+    for size in qwen3_sizes():
         for nodes in args.nodes:
             runs = {method: project(args, size, nodes, method) for method in order}
             stapo = runs["stapo"]
@@ -253,7 +258,7 @@ def main(argv: list[str] | None = None) -> None:
     commands.add_parser("fit", help="the measured steps against the fitted model")
     project_ = commands.add_parser("project", help="one run: step time, hours, GPU-hours, stage shares")
     table_ = commands.add_parser("table", help="every method and size of the paper's main table")
-    project_.add_argument("--size", choices=sizes(), required=True)
+    project_.add_argument("--size", choices=qwen3_sizes(), required=True)
     project_.add_argument("--nodes", type=int, default=1)
     project_.add_argument("--method", choices=methods(), default="stapo")
     table_.add_argument("--nodes", type=int, nargs="+", default=[1, 2, 4])

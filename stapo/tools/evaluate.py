@@ -20,10 +20,12 @@ import argparse
 import gc
 import hashlib
 import importlib
+import importlib.util
 import json
 import math
 import re
 import statistics
+import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -31,11 +33,11 @@ from pathlib import Path
 from typing import NamedTuple
 
 from stapo.config import methods, sizes
+from stapo.tools.checkpoint import CheckpointError, find_model
 from stapo.tools.data import BENCHMARKS, DEFAULT_OUT
 from stapo.tools.io import (
     DataFileError,
     append_atomic,
-    model_folder_problems,
     output_problem,
     read_parquet,
     write_atomic,
@@ -208,11 +210,15 @@ class VLLMGenerator:
         self.engine_args = {key: value for key, value in engine_args.items() if value is not None}
         self.llm = None
 
+    @staticmethod
+    def check() -> None:
+        """Stop before any output is written where vLLM is not installed."""
+        loaded = sys.modules.get("vllm", False)  # None: an import of it failed before
+        if loaded is None or (loaded is False and importlib.util.find_spec("vllm") is None):
+            raise EvalError("generation needs vLLM, which is not installed: `pip install -e '.[gpu]'` on a GPU machine")
+
     def __call__(self, prompt_ids: Sequence[Sequence[int]], n: int) -> list[list[Completion]]:
-        try:
-            from vllm import LLM, SamplingParams
-        except ImportError as error:
-            raise EvalError(f"generation needs vLLM ({error}); install it with `pip install -e '.[gpu]'`") from None
+        from vllm import LLM, SamplingParams
 
         if self.llm is None:
             self.llm = LLM(model=self.model, seed=self.seed, **self.engine_args)
@@ -480,20 +486,14 @@ def plan_runs(args: argparse.Namespace) -> list[Run]:
     from transformers import AutoTokenizer
 
     shard, counts = parse_shard(args.shard), parse_n(args.n, args.benchmarks)
-    models = [Path(m) for m in args.model]
+    sources = [find_model(Path(m)) for m in args.model]  # a training checkpoint is merged below, after the checks
     for option in ("label", "method", "size"):
         given = getattr(args, option)
-        if given is not None and len(given) != len(models):
-            raise EvalError(f"--{option}: give one value per --model ({len(models)}), got {len(given)}")
-    for model in models:
-        for problem in model_folder_problems(model, str(model)):
-            raise EvalError(
-                problem + (" (for verl checkpoints, the merged `huggingface` folder or the output of `python -m "
-                           "verl.model_merger merge`)" if problem.endswith("model folder") else "")
-            )  # fmt: skip
+        if given is not None and len(given) != len(sources):
+            raise EvalError(f"--{option}: give one value per --model ({len(sources)}), got {len(given)}")
     if problem := output_problem(args.out, "folder"):
         raise EvalError(problem)
-    labels = args.label or [default_label(m) for m in models]
+    labels = args.label or [default_label(s.folder) for s in sources]
     if len(set(labels)) != len(labels):
         raise EvalError(f"runs would share an output folder ({', '.join(labels)}); name them with --label")
     problems = [p for bench in args.benchmarks for p in read_benchmark(args.data, bench)]
@@ -506,7 +506,8 @@ def plan_runs(args: argparse.Namespace) -> list[Run]:
         for bench in args.benchmarks
     }
     runs = []
-    for i, model in enumerate(models):
+    for i, source in enumerate(sources):
+        model = source.folder
         method, size = infer_method_size(model)
         method = args.method[i] if args.method else method
         size = args.size[i] if args.size else size
@@ -525,16 +526,21 @@ def plan_runs(args: argparse.Namespace) -> list[Run]:
             [],
             shard,
         )
-        open_run(run)  # settings conflict with an earlier run: stop before any model loads
-        tokenizer = AutoTokenizer.from_pretrained(model)
-        run.problems = render_prompts(tokenizer, problems, str(model))
+        open_run(run)  # settings conflict with an earlier run: stop before any model loads or merges
         runs.append(run)
+    for run, source in zip(runs, sources):
+        tokenizer = AutoTokenizer.from_pretrained(source.ready())
+        run.problems = render_prompts(tokenizer, problems, str(source.folder))
     return runs
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m stapo.tools.evaluate", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", nargs="+", required=True, help="Hugging Face model folder(s)")
+    parser.add_argument(
+        "--model", nargs="+", required=True,
+        help="Hugging Face model folder(s), or checkpoints of scripts/train.sh: the run folder (its newest step), a "
+        "global_step_N folder or its actor/ (merged once into actor/huggingface_merged; stapo/tools/checkpoint.py)",
+    )  # fmt: skip
     parser.add_argument("--data", type=Path, default=DEFAULT_OUT, help=f"prepared parquet folder ({DEFAULT_OUT})")
     parser.add_argument("--out", type=Path, default=DEFAULT_RESULTS, help=f"results folder ({DEFAULT_RESULTS})")
     parser.add_argument(
@@ -568,6 +574,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         if args.max_tokens < 1 or args.tp < 1 or args.chunk_samples < 1:
             raise EvalError("--max-tokens, --tp and --chunk-samples must be positive")
         verifier = load_verifier(args.verifier) if args.verifier else None
+        VLLMGenerator.check()
         runs = plan_runs(args)
         for run in runs:
             generator = VLLMGenerator(
@@ -590,7 +597,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 print(f"{run.dir}: shard {args.shard} done; the summary is written when every shard has finished")
             else:
                 print(format_summary(summary) + f"\n-> {run.dir / SUMMARY_FILE}")
-    except (EvalError, DataFileError) as error:
+    except (EvalError, DataFileError, CheckpointError) as error:
         parser.exit(2, f"error: {error}\n")
 
 

@@ -23,9 +23,10 @@ from pathlib import Path
 
 import torch
 
-from stapo.config import StapoConfig
+from stapo.config import StapoConfig, StapoConfigError
 from stapo.s2t import s2t_mask
-from stapo.tools.io import DataFileError, model_folder_problems, output_problem, read_jsonl, write_atomic
+from stapo.tools.checkpoint import find_model
+from stapo.tools.io import DataFileError, output_problem, read_jsonl, write_atomic
 
 EVAL_KEYS = ("benchmark", "problem_id", "sample", "prompt", "response", "score")
 DUMP_KEYS = ("input", "output", "score")
@@ -194,7 +195,10 @@ def format_token(number: int, token: dict) -> str:
 def main(argv: Sequence[str] | None = None) -> None:
     """Command-line entry point (``python -m stapo.tools.inspect_tokens``)."""
     parser = argparse.ArgumentParser(prog="python -m stapo.tools.inspect_tokens", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", type=Path, required=True, help="Hugging Face model folder (policy to inspect)")
+    parser.add_argument(
+        "--model", type=Path, required=True,
+        help="policy to inspect: a Hugging Face folder or a checkpoint of scripts/train.sh (as evaluate's --model)",
+    )  # fmt: skip
     parser.add_argument("--rollouts", type=Path, nargs="+", required=True, help="verl rollout dumps or eval samples")
     defaults = StapoConfig()
     parser.add_argument("--tau-p", type=float, default=defaults.tau_p, help="probability threshold τ_p (stapo.tau_p)")
@@ -207,20 +211,28 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", type=Path, help="write every silenced token to this JSONL file")
     args = parser.parse_args(argv)
-    problems = model_folder_problems(args.model) + [p for p in [args.out and output_problem(args.out, "file")] if p]
-    if problems:
-        parser.exit(2, "".join(f"error: {p}\n" for p in problems))
     try:
+        StapoConfig(mask="s2t", tau_p=args.tau_p, q=args.q)  # before the model loads
+        for name in ("max_samples", "context", "top_k", "show"):
+            if getattr(args, name) is not None and getattr(args, name) < (0 if name == "context" else 1):
+                raise InspectError(f"--{name.replace('_', '-')}={getattr(args, name)}: must be a positive integer")
+        if not args.temperature > 0:
+            raise InspectError(f"--temperature={args.temperature}: must be positive")
+        source = find_model(args.model)
+        if args.out and (problem := output_problem(args.out, "file")):
+            raise InspectError(problem)
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(args.model)
+        tokenizer = AutoTokenizer.from_pretrained(source.ready())
         rollouts = read_rollouts(args.rollouts, tokenizer)
         advantages = grpo_advantages(rollouts)[: args.max_samples]
         rollouts = rollouts[: args.max_samples]
-        model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).to(args.device).eval()
+        model = AutoModelForCausalLM.from_pretrained(source.folder, dtype=torch.float32).to(args.device).eval()
         stats = [token_stats(model, tokenizer, r, args.top_k, args.temperature) for r in rollouts]
         tokens, mask_stats = silenced_tokens(rollouts, stats, advantages, tokenizer, args.tau_p, args.q, args.context)
-    except (InspectError, DataFileError, ValueError) as error:
+    except StapoConfigError as error:
+        parser.exit(2, f"error: --{str(error).removeprefix('stapo.').replace('_', '-')}\n")
+    except (InspectError, DataFileError, ValueError) as error:  # CheckpointError is a ValueError
         parser.exit(2, f"error: {error}\n")
     print(
         f"{len(rollouts)} samples, {mask_stats['tokens']} response tokens, {mask_stats['candidates']} candidates "

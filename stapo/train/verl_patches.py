@@ -13,17 +13,15 @@ every named place exists). The two that patch verl itself at run time live here:
   select give float32 entropies already: verl's triton kernel (``fused_kernel_options.impl_backend: triton``), the
   unfused path (softmax and logsumexp run in float32 under CUDA autocast) and ``entropy_from_logits_with_chunking``;
   every run checks what reaches the mask (:func:`stapo.train.metrics.check_entropy_dtype`).
-* :func:`quiet_import_notices` -- importing verl on a machine without its optional engines and accelerator prints
-  12 lines (five ``UserWarning`` "<engine> engine is not available" from ``verl/workers/engine/__init__.py``, two
-  "No supported accelerator detected" / "registered but not available" log records from
-  ``verl/plugin/platform/platform_manager.py``) before the driver can say anything. ``python -m stapo.train`` hides
-  them, so that a refused config is one line per problem; an error of verl's own still prints.
+* :func:`stapo.quiet_verl_import_notices` -- importing verl on a machine without its optional engines and
+  accelerator prints 12 lines (five ``UserWarning`` "<engine> engine is not available" from
+  ``verl/workers/engine/__init__.py``, two "No supported accelerator detected" / "registered but not available" log
+  records from ``verl/plugin/platform/platform_manager.py``) before a tool can say anything. Importing ``stapo``
+  hides them, so that every ``python -m stapo.*`` tool answers without them; an error of verl's own still prints.
 """
 
 from __future__ import annotations
 
-import logging
-import warnings
 from dataclasses import dataclass
 
 import torch
@@ -46,7 +44,7 @@ WORKAROUNDS = (
         "verl's FusedLinearForPPOFunction returns float32 entropies for bfloat16 inputs (a test here fails then)",
     ),
     Workaround(
-        "stapo.train.verl_patches:quiet_import_notices",
+        "stapo:quiet_verl_import_notices",
         "verl 0.9.1 warns at import about every optional engine and accelerator it does not find",
         "verl imports quietly (test_newcomer's one-line test passes without it)",
     ),
@@ -128,9 +126,6 @@ WORKAROUNDS = (
     ),
 )
 
-_ENGINES = r"(torchtitan|veomni|automodel|mindspeed|megatron) engine is not available"
-_PLATFORM_LOGGER = "verl.plugin.platform.platform_manager"
-
 
 def _log_probs_and_entropy(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """float32 log π(label) and entropy H = logsumexp(z) − Σ softmax(z)·z of a chunk of float32 logits, as verl's
@@ -192,10 +187,3 @@ def float32_fused_entropy(enable: bool = True) -> None:
         patched = _float32_entropy_function()
         patched._stapo_original = original
         tf.FusedLinearForPPOFunction = patched
-
-
-def quiet_import_notices() -> None:
-    """Hide verl's import-time notices about engines and accelerators a run does not use (module docstring); call
-    before verl is imported. Its logger resets its own level on import, so a filter does the work."""
-    warnings.filterwarnings("ignore", message=_ENGINES, category=UserWarning)
-    logging.getLogger(_PLATFORM_LOGGER).addFilter(lambda record: record.levelno >= logging.ERROR)

@@ -1,0 +1,214 @@
+"""Stand-ins for the programs that need a GPU, so that the tests can run the recipe's chains of commands for real.
+
+    python tests/standins.py train --config-name=METHOD KEY=VALUE ...   verl's trainer (python -m stapo.train)
+    python tests/standins.py evaluate ARG ...                          python -m stapo.tools.evaluate, CPU sampling
+    python tests/standins.py experiment ARG ...                        python -m stapo.quickstart.experiment
+    python tests/standins.py pretrained ARG ...                        python -m stapo.tools.pretrained, any GGUF
+    python tests/standins.py checkpoint MODEL RUN_DIR STEP [--world N]  a verl checkpoint of MODEL's weights
+
+Each reads what the real program reads and writes what it writes, where it writes it, so that a wrong path between two
+steps of a chain, a missing folder or a lost log fails the test that runs the chain:
+
+* ``train`` composes the recipe's config with the overrides and runs the trainer's checks on it
+  (:func:`stapo.train.main.validate`, without the GPU count), opens the model folder and the data files the config
+  names, then writes what verl's V1 trainer writes for ``trainer.total_training_steps`` steps: the metrics, through
+  verl's own ``FileLogger`` at ``$VERL_FILE_LOGGER_PATH`` (validation at step 0 and every ``test_freq`` steps and at
+  the last), and a checkpoint every ``save_freq`` steps and at the last one, through verl's own
+  ``FSDPCheckpointManager``. The metrics' values are made up (no model is trained); their keys are verl's.
+* ``checkpoint`` writes the model folder's weights as verl's FSDP checkpoint (``global_step_N/actor`` of
+  ``RUN_DIR``, ``data.pt`` and ``latest_checkpointed_iteration.txt``): the model is sharded with verl's own
+  ``apply_fsdp2`` over ``N`` CPU processes (gloo), as the engine shards it over N GPUs, and saved by verl's
+  ``FSDPCheckpointManager``.
+* ``evaluate`` is the real tool with only vLLM replaced, by sampling with transformers on the CPU.
+* ``pretrained`` is the real converter without its check that the result is SmolLM2-135M: the tests hand it a
+  small GGUF of SmolLM2's layout (tests/test_pretrained.py), since the real model's warm-up needs a GPU.
+* ``experiment`` is the real tool with only the trainer replaced (by ``train`` above) and one GPU declared to it;
+  its Ray clusters are real (the Ray clusters that ran on the machine before it started are not its own, as
+  tests/conftest.py's ``foreign_ray_ignored``).
+
+:func:`calls` wraps a chain's runner (``stapo.quickstart.run.call``) so that it starts these instead of the real
+programs and runs everything else as it is.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve()
+STOOD_IN = {
+    "stapo.train": "train",
+    "stapo.tools.evaluate": "evaluate",
+    "stapo.quickstart.experiment": "experiment",
+    "stapo.tools.pretrained": "pretrained",
+}
+"""``python -m`` modules -> their stand-in here."""
+
+
+def calls(call):
+    """``call(cmd, log, **env)`` that runs the stand-in of a :data:`STOOD_IN` command and any other as it is."""
+
+    def with_standins(cmd, log, **env):
+        cmd = list(map(str, cmd))
+        if cmd[1] == "-m" and cmd[2] in STOOD_IN:
+            cmd = [sys.executable, str(HERE), STOOD_IN[cmd[2]], *cmd[3:]]
+        return call(cmd, log, **env)
+
+    return with_standins
+
+
+def write_checkpoint(model: Path, run_dir: Path, step: int, world: int = 1) -> Path:
+    """``run_dir/global_step_<step>`` with ``model``'s weights in verl's layout, written by verl's own code over
+    ``world`` processes; returns the step folder."""
+    import torch.multiprocessing as mp
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    mp.spawn(_save_rank, args=(world, port, str(model), str(run_dir), step), nprocs=world, join=True)
+    return run_dir / f"global_step_{step}"
+
+
+def _save_rank(rank: int, world: int, port: int, model_dir: str, run_dir: str, step: int) -> None:
+    import torch
+    import torch.distributed as dist
+    from omegaconf import OmegaConf
+    from torch.distributed.device_mesh import init_device_mesh
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
+    from verl.utils.fsdp_utils import apply_fsdp2
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("fsdp",))
+    apply_fsdp2(model, {"mesh": mesh, "reshard_after_forward": True}, {})
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    contents = ["model", "optimizer", "extra"]
+    manager = FSDPCheckpointManager(
+        model=model,
+        optimizer=optimizer,
+        lr_scheduler=None,
+        processing_class=AutoTokenizer.from_pretrained(model_dir),
+        checkpoint_config=OmegaConf.create({"save_contents": contents, "load_contents": contents}),
+    )
+    folder = Path(run_dir) / f"global_step_{step}"
+    manager.save_checkpoint(str(folder / "actor"), global_step=step)
+    if rank == 0:  # what verl's trainer writes after the workers' checkpoint (trainer_base._save_checkpoint)
+        torch.save({"stand-in": "dataloader state"}, folder / "data.pt")
+        (Path(run_dir) / "latest_checkpointed_iteration.txt").write_text(str(step))
+    dist.destroy_process_group()
+
+
+def train(argv: list[str]) -> None:
+    """verl's trainer, as module docstring says."""
+    import pyarrow.parquet as pq
+    from hydra import compose, initialize_config_dir
+    from transformers import AutoConfig
+    from verl.utils.tracking import FileLogger
+
+    from stapo.config import CONFIG_DIR
+    from stapo.train.main import validate
+
+    method = next(a.split("=", 1)[1] for a in argv if a.startswith("--config-name="))
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        config = compose(method, [a for a in argv if not a.startswith("--")])
+    stapo = validate(config, environment=False)
+    model = Path(config.actor_rollout_ref.model.path)
+    AutoConfig.from_pretrained(model)  # the model folder the run starts from
+    pq.read_table(config.data.train_files, columns=["prompt"])
+    source = pq.read_table(config.data.val_files, columns=["data_source"]).column(0)[0].as_py()
+    trainer = config.trainer
+    steps, val_n = trainer.total_training_steps, config.actor_rollout_ref.rollout.val_kwargs.n
+    logger = FileLogger(trainer.project_name, trainer.experiment_name)  # $VERL_FILE_LOGGER_PATH
+    validation = {f"val-core/{source}/acc/mean@{val_n}": 0.25}
+    if trainer.val_before_train:
+        logger.log(validation, step=0)
+    for step in range(1, steps + 1):
+        metrics = {"critic/score/mean": 0.3, "actor/entropy": 0.5 - 0.01 * step, "actor/grad_norm": 0.2}
+        metrics |= {"response_length/mean": 40.0, "s2t/spurious_frac": 0.001, "s2t/candidate_frac": 0.002}
+        if stapo.active:
+            metrics |= {"stapo/candidate_tokens": 4.0, "stapo/masked_tokens": 3.0, "stapo/masked_frac": 0.001}
+        if trainer.test_freq > 0 and (step % trainer.test_freq == 0 or step == steps):
+            metrics |= validation
+        logger.log(metrics, step=step)
+        print(f"step:{step} - critic/score/mean:0.3", flush=True)
+        if trainer.save_freq > 0 and (step % trainer.save_freq == 0 or step == steps):
+            write_checkpoint(model, Path(trainer.default_local_dir), step)
+    logger.finish()
+
+
+def evaluate(argv: list[str]) -> None:
+    """``python -m stapo.tools.evaluate`` with vLLM replaced by transformers' sampling on the CPU."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from stapo.tools import evaluate as tool
+
+    class CPUGenerator(tool.VLLMGenerator):
+        @staticmethod
+        def check():  # no vLLM needed
+            pass
+
+        def __call__(self, prompt_ids, n):
+            torch.manual_seed(self.seed)
+            model = AutoModelForCausalLM.from_pretrained(self.model, dtype=torch.float32).eval()
+            tokenizer = AutoTokenizer.from_pretrained(self.model)
+            groups = []
+            for ids in prompt_ids:
+                output = model.generate(
+                    torch.tensor([list(ids)]),
+                    do_sample=True,
+                    temperature=self.decoding.temperature,
+                    top_p=self.decoding.top_p,
+                    top_k=0,
+                    max_new_tokens=self.max_tokens,
+                    num_return_sequences=n,
+                    pad_token_id=tokenizer.pad_token_id,
+                )[:, len(ids) :].tolist()
+                group = []
+                for row in output:
+                    ended = tokenizer.eos_token_id in row
+                    row = row[: row.index(tokenizer.eos_token_id) + 1] if ended else row
+                    text = tokenizer.decode(row, skip_special_tokens=True)
+                    group.append(tool.Completion(text, "stop" if ended else "length", len(row)))
+                groups.append(group)
+            return groups
+
+    tool.VLLMGenerator = CPUGenerator
+    tool.main(argv)
+
+
+def experiment(argv: list[str]) -> None:
+    """``python -m stapo.quickstart.experiment`` with the trainer replaced by :func:`train` and one GPU declared."""
+    from stapo.quickstart import experiment as tool
+    from stapo.train import preflight
+
+    listing, foreign = preflight._gcs_servers, set(preflight._gcs_servers())
+    preflight._gcs_servers = lambda: [pid for pid in listing() if pid not in foreign]
+    tool.torch.cuda.device_count = lambda: 1
+    tool.TRAINER = [sys.executable, str(HERE), "train"]
+    tool.main(argv)
+
+
+def pretrained(argv: list[str]) -> None:
+    """``python -m stapo.tools.pretrained`` without the check of SmolLM2-135M's parameter count."""
+    import functools
+
+    from stapo.tools import pretrained as tool
+
+    tool.convert = functools.partial(tool.convert, parameters=None)
+    tool.main(argv)
+
+
+if __name__ == "__main__":
+    command, args = sys.argv[1], sys.argv[2:]
+    if command == "checkpoint":
+        world = int(args[args.index("--world") + 1]) if "--world" in args else 1
+        print(write_checkpoint(Path(args[0]), Path(args[1]), int(args[2]), world))
+    else:
+        {"train": train, "evaluate": evaluate, "experiment": experiment, "pretrained": pretrained}[command](args)
+    print(json.dumps({"stand-in": command, "done": True}))
