@@ -54,6 +54,7 @@ def test_every_folder_of_a_run_names_its_merged_weights(trained):
     source = sources.pop()
     assert source.folder == actor / MERGED and source.actor == actor and not source.folder.exists()
     assert source.ready() == actor / MERGED
+    assert "verl.model_merger.fsdp_model_merger" not in sys.modules  # merged in a process of its own (docstring)
     merged = AutoModelForCausalLM.from_pretrained(actor / MERGED).state_dict()
     original = AutoModelForCausalLM.from_pretrained(model, dtype=torch.bfloat16).state_dict()
     assert merged.keys() == original.keys() and all(torch.equal(merged[k], original[k]) for k in original)

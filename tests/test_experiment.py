@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import shutil
 import statistics
@@ -94,6 +95,26 @@ def test_launch_runs_each_run_in_a_cluster_of_its_own(tmp_path, monkeypatch, for
     assert (tmp_path / "runs" / "justrl-s0" / "ray.log").is_file()  # each run's cluster logs beside it
     assert not (tmp_path / "runs" / "grpo-s0" / "train.log").exists()
     foreign_ray_ignored("a run's Ray cluster was left running")  # and no address file a local ray.init() would read
+
+
+def test_runs_start_after_a_local_ray_run_left_its_auth_token(tmp_path, monkeypatch, foreign_ray_ignored):
+    """A local ``ray.init()`` (a run of scripts/train.sh) writes ``~/.ray/auth_token``; Ray 2.60's ``ray start --head``
+    then turns token auth on while its clients do not, and every cluster of the experiment refused its drivers (H200,
+    2026-11-28). The launcher gives heads and clients one mode. The token is written by Ray itself, in a home of the
+    test's own; the stub stands in for the training command (it needs GPUs)."""
+    monkeypatch.setattr(clusters, "HANDOVER_S", 2.0)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("RAY_AUTH_MODE")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_MODE"}
+    code = "import ray; ray.init(num_cpus=1, include_dashboard=False, logging_level='ERROR'); ray.shutdown()"
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=120, capture_output=True)
+    assert (tmp_path / ".ray" / "auth_token").is_file()
+    script = tmp_path / "stub.py"
+    script.write_text(STUB)
+    codes = clusters.launch([ex.Run("stapo", 0)], lambda run: [sys.executable, str(script), "1", "0"], ["0"],
+                            tmp_path, stall_s=60)  # fmt: skip
+    assert codes == {"stapo-s0": 0}, (tmp_path / "runs" / "stapo-s0" / "ray.log").read_text()[-2000:]
+    foreign_ray_ignored("a run's Ray cluster was left running")
 
 
 def test_a_run_whose_cluster_cannot_start_fails_alone(tmp_path, monkeypatch, foreign_ray_ignored):

@@ -27,11 +27,11 @@ reuse. A plain Hugging Face folder is used as it is.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -122,11 +122,12 @@ def find_model(path: Path, option: str = "--model") -> ModelSource:
 
 def merge(actor: Path, target: Path) -> None:
     """Merge verl's FSDP checkpoint in ``actor`` into the Hugging Face folder ``target`` with verl's own merger
-    (``python -m verl.model_merger merge --backend fsdp``, in this process, on the CPU), written to a temporary folder
-    beside ``target`` and renamed when complete."""
-    from verl.model_merger.base_model_merger import ModelMergerConfig
-    from verl.model_merger.fsdp_model_merger import FSDPModelMerger
+    (``python -m verl.model_merger merge --backend fsdp``) on the CPU, in a process of its own, written to a temporary
+    folder beside ``target`` and renamed when complete.
 
+    A process of its own: the shards hold DTensors whose device mesh was on the GPUs, and unpickling them initialises
+    CUDA in the process that loads them; vLLM, started after the merge in the same process, then forks its engine
+    and fails ("Cannot re-initialize CUDA in forked subprocess", H200, 2026-11-28)."""
     print(f"merging verl's checkpoint {actor} into {target} (once; verl.model_merger) ...", flush=True)
     began = time.monotonic()
     try:
@@ -136,17 +137,17 @@ def merge(actor: Path, target: Path) -> None:
             f"{actor}: cannot write the merged model beside it ({error.strerror}); merge it elsewhere with "
             f"`python -m verl.model_merger merge --backend fsdp --local_dir {actor} --target_dir DIR` and pass DIR"
         ) from None
-    config = ModelMergerConfig(
-        operation="merge",
-        backend="fsdp",
-        local_dir=str(actor),
-        target_dir=str(partial),
-        hf_model_config_path=str(actor / "huggingface"),
-    )
-    log = io.StringIO()
+    command = [sys.executable, "-m", "verl.model_merger", "merge", "--backend", "fsdp"]
+    command += ["--local_dir", str(actor), "--target_dir", str(partial)]
     try:
-        with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):  # verl's config, stages, progress bars
-            FSDPModelMerger(config).merge_and_save()
+        done = subprocess.run(
+            command, capture_output=True, text=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""}, check=False
+        )
+        if done.returncode:
+            last = ([line for line in done.stderr.splitlines() if line.strip()] or ["no output"])[-1][:300]
+            raise CheckpointError(
+                f"{actor}: verl's merger failed ({last}); a shard may be damaged or cut off: pick another global_step_N"
+            )
         follow_umask(partial)  # safetensors and mkdtemp make 0600/0700
         try:
             os.rename(partial, target)
@@ -154,14 +155,6 @@ def merge(actor: Path, target: Path) -> None:
             if not target.is_dir():
                 raise
             shutil.rmtree(partial)  # another process (an evaluation shard) merged it meanwhile: same weights
-    except Exception as error:  # noqa: BLE001 - torch.load and the merger raise many types for a damaged file
+    finally:
         shutil.rmtree(partial, ignore_errors=True)
-        first = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
-        raise CheckpointError(
-            f"{actor}: verl's merger failed ({type(error).__name__}: {first}); a shard may be damaged or cut off: "
-            "pick another global_step_N"
-        ) from None
-    except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
     print(f"merged in {time.monotonic() - began:.1f} s: {target}", flush=True)

@@ -60,10 +60,21 @@ def ray_head(gpu: str, log: Path) -> Iterator[tuple[str, subprocess.Popen]]:
         forget(address)
 
 
+def one_auth_mode() -> None:
+    """Give this process, the Ray nodes it starts and the runs it launches one Ray auth mode: ``RAY_AUTH_MODE`` as set,
+    else ``disabled``. Ray 2.60's ``ray start --head`` turns token auth on when ``~/.ray/auth_token`` exists (any
+    earlier local ``ray.init()`` writes it, e.g. a run of scripts/train.sh on the same machine), while a client given
+    the address does not and is refused (``InvalidAuthToken``): after a train.sh run, every cluster of the experiment
+    failed to start (H200, 2026-11-28). scripts/slurm.sbatch does the same for its nodes."""
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+
 def start_node(cmd: list[str], gpus: str, log: Path) -> subprocess.Popen:
     """``ray start ... --block`` over the GPUs ``gpus`` in a process group of its own (a Ctrl-C of the caller must not
     reach its processes all at once), output appended to ``log``, with this Python's ``bin`` first on ``PATH`` (the
-    jobs of the cluster run ``python3`` and ``ray`` from there)."""
+    jobs of the cluster run ``python3`` and ``ray`` from there), in the auth mode of its clients
+    (:func:`one_auth_mode`)."""
+    one_auth_mode()
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpus, "PATH": python_first_path()}
     with open(log, "a") as out:
         return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)

@@ -90,6 +90,13 @@ WORKAROUNDS = (
         "transfer_queue names its controller per job",
     ),
     Workaround(
+        "stapo.train.clusters:one_auth_mode",
+        "Ray 2.60's `ray start --head` turns token auth on when ~/.ray/auth_token exists (written by any earlier local "
+        "ray.init), while clients given its address do not: the clusters of an experiment run after a train.sh run "
+        "refused every driver",
+        "Ray's head and clients decide the auth mode the same way",
+    ),
+    Workaround(
         "stapo.train.clusters:claim_job",
         "the same socket name: concurrent runs on one machine get clusters whose job ids are made distinct",
         "the socket-name workaround above can go",
