@@ -4,6 +4,7 @@ The silenced tokens are checked against an independent computation: a plain full
 advantages by hand, then stapo.s2t.s2t_mask on the padded batch.
 """
 
+import copy
 import json
 import math
 import os
@@ -98,9 +99,15 @@ def tiny(tmp_path_factory):
     return model, AutoTokenizer.from_pretrained(folder), splits
 
 
-def test_warmup_reduces_the_loss(tiny):
+def warmed(tiny):
+    """A copy of the tiny model after 12 warm-up steps (the fixture's model stays random for every test)."""
     model, tokenizer, splits = tiny
-    losses = qs.warmup(model, tokenizer, splits["train"], steps=12, batch_size=8, lr=3e-3)
+    model = copy.deepcopy(model)
+    return model, qs.warmup(model, tokenizer, splits["train"], steps=12, batch_size=8, lr=3e-3)
+
+
+def test_warmup_reduces_the_loss(tiny):
+    _, losses = warmed(tiny)
     assert len(losses) == 12 and sum(losses[-3:]) / 3 < 0.8 * sum(losses[:3]) / 3
 
 
@@ -125,23 +132,26 @@ def reference(model, tokenizer, problems, responses, scores):
     return log_probs, entropy, advantages, mask
 
 
-def test_mask_demo_prints_exactly_the_silenced_tokens(tiny, capsys):
+def test_mask_demo_lists_exactly_the_silenced_tokens(tiny, tmp_path, capsys):
     from stapo.s2t import s2t_mask
 
-    model, tokenizer, splits = tiny
+    _, tokenizer, splits = tiny
+    model, _ = warmed(tiny)
     model.eval()
     problems = splits["validation"][:3]
     responses = qs.sample(model, tokenizer, problems, n=4)
     scores = [[1.0, 0.0, 1.0, 0.0]] * len(problems)  # a random model solves nothing: mixed scores by hand
-    args = qs.build_parser().parse_args(["cpu", "--samples", "4", "--tau-p", "0.02"])
+    args = qs.build_parser().parse_args(["cpu", "--samples", "4", "--tau-p", "0.02", "--out", str(tmp_path)])
     qs.run_cpu(args, model, tokenizer, problems, responses, scores)
     printed = capsys.readouterr().out
+    listed = [json.loads(line) for line in (tmp_path / "s2t_tokens.jsonl").read_text().splitlines()]
 
     log_probs, entropy, advantages, mask = reference(model, tokenizer, problems, responses, scores)
     keep, stats = s2t_mask(log_probs, entropy, advantages, mask, tau_p=0.02, q=0.75)
     expected = {(f"problem {r // 4} sample {r % 4}", p) for r, p in ((mask > 0) & (keep == 0)).nonzero().tolist()}
-    found = set(re.findall(r"^\[\d+\] (problem \d+ sample \d+)  response token (\d+)", printed, re.M))
-    found = {(name, int(p)) for name, p in found}
+    found = {(token["rollout"], token["position"]) for token in listed}
+    shown = re.findall(r"^\[\d+\] (problem \d+ sample \d+)  response token (\d+)", printed, re.M)
+    assert [(name, int(p)) for name, p in shown] == [(t["rollout"], t["position"]) for t in listed[: qs.SHOWN]]
     # The two computations differ in float rounding (chunked vs whole-sequence projection, two entropy formulas):
     # a token may fall on either side of a threshold only if it sits on it.
     tau_h = stats["entropy_threshold"]
@@ -152,8 +162,11 @@ def test_mask_demo_prints_exactly_the_silenced_tokens(tiny, capsys):
         near_p = abs(float(log_probs[row, position]) - math.log(0.02)) < 1e-4
         assert near_h or near_p, (name, position, "differs from the reference away from the thresholds")
     assert stats["masked"] > 0 and len(found ^ expected) <= 2 < len(expected)
-    candidates, silenced = map(int, re.search(r"(\d+) candidates .*?, (\d+) silenced", printed).groups())
+    candidates = int(re.search(r"candidates \(both\) +(\d+)", printed)[1])
+    silenced = int(re.search(r"silenced: H < tau_h = [\d.]+ +(\d+)", printed)[1])
     assert silenced == len(found) and abs(candidates - stats["candidates"]) <= len(found ^ expected)
+    for picture in ("s2t_scatter.png", "s2t_tokens.png"):  # drawn, and opened as images
+        assert (tmp_path / picture).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.mark.parametrize("method", ["justrl", "stapo"])
@@ -181,7 +194,9 @@ def test_script_syntax_and_cpu_path(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "No GPU visible" in result.stdout and "warm-up: 3 steps" in result.stdout
-    assert "S2T mask on 2 problems x 2 samples" in result.stdout
+    assert "S2T mask on 2 problems x 2 samples" in result.stdout and "candidates (both)" in result.stdout
+    assert "engine is not available" not in result.stderr and "accelerator" not in result.stderr  # verl's notices
+    assert (tmp_path / "out" / "s2t_scatter.png").is_file() and (tmp_path / "out" / "s2t_tokens.jsonl").is_file()
     assert (tmp_path / "out" / "warmup" / "config.json").is_file()
     assert (tmp_path / "out" / "data" / "validation.parquet").is_file()
 

@@ -37,9 +37,9 @@ from stapo.config import StapoConfig, StapoConfigError
 from stapo.quickstart import task
 from stapo.quickstart.tiny import replace_overrides, tiny_run_overrides
 from stapo.tools.data import make_prompt, write_parquet
-from stapo.tools.inspect_tokens import Rollout, format_token, grpo_advantages, silenced_tokens, token_stats
-from stapo.tools.io import follow_umask, output_problem
-from stapo.tools.report import read_metrics
+from stapo.tools.inspect_tokens import Rollout, format_token, grpo_advantages, mask_batch, silenced_records, token_stats
+from stapo.tools.io import follow_umask, output_problem, write_atomic
+from stapo.tools.report import ReportError, plot_s2t, read_metrics
 from stapo.tools.reward import compute_score
 
 DEMO_TAU_P = 0.1
@@ -171,32 +171,54 @@ def mean(scores: Sequence[Sequence[float]]) -> float:
 
 
 # ---------------------------------------------------------------------------------------------------- CPU path
+SHOWN = 3
+"""Silenced tokens the CPU path prints in the paper's appendix form (all of them go to ``OUT/s2t_tokens.jsonl``)."""
+
+
 def mask_demo(model, tokenizer, problems, responses, scores, tau_p: float = DEMO_TAU_P, q: float = StapoConfig.q):
     """The S2T mask over all ``responses`` as one mini-batch, GRPO advantages per problem.
 
-    Returns the silenced tokens (:func:`stapo.tools.inspect_tokens.silenced_tokens` records) and the mask statistics.
-    """
+    Returns the rollouts, their token statistics and the masked batch
+    (:func:`stapo.tools.inspect_tokens.mask_batch`)."""
     rollouts = [
         Rollout(f"problem {i} sample {j}", str(i), render_prompt(tokenizer, p), r, s)
         for i, (p, rs, ss) in enumerate(zip(problems, responses, scores))
         for j, (r, s) in enumerate(zip(rs, ss))
     ]
     stats = [token_stats(model, tokenizer, r) for r in rollouts]
-    return silenced_tokens(rollouts, stats, grpo_advantages(rollouts), tokenizer, tau_p, q)
+    return rollouts, stats, mask_batch(stats, grpo_advantages(rollouts), tau_p, q)
 
 
 def run_cpu(args: argparse.Namespace, model, tokenizer, problems, responses, scores) -> None:
-    """The mask demonstration on the warmed-up model's validation rollouts, printed."""
-    tokens, stats = mask_demo(model, tokenizer, problems, responses, scores, args.tau_p, args.q)
+    """The mask demonstration on the warmed-up model's validation rollouts: a table of counts, the first silenced
+    tokens in the paper's appendix form, every one in ``OUT/s2t_tokens.jsonl``, and two pictures
+    (:func:`stapo.tools.report.plot_s2t`)."""
+    rollouts, stats, batch = mask_demo(model, tokenizer, problems, responses, scores, args.tau_p, args.q)
+    counts, tokens = batch.stats, silenced_records(rollouts, stats, batch, tokenizer)
     mixed = sum(0 < sum(row) < len(row) for row in scores)
     print(
-        f"\nS2T mask on {len(problems)} problems x {args.samples} samples ({mixed} problems with both right and "
-        f"wrong answers, i.e. non-zero GRPO advantages): {stats['tokens']} response tokens, {stats['pos_adv']} with "
-        f"A > 0, {stats['candidates']} candidates (A > 0 and p < tau_p = {args.tau_p}), {stats['masked']} silenced "
-        f"(H < tau_h = {stats['entropy_threshold']:.4f}, the {args.q} quantile of the candidates' entropy)"
+        f"\nS2T mask on {len(problems)} problems x {args.samples} samples as one PPO mini-batch ({mixed} problems "
+        "with both right and wrong answers give non-zero GRPO advantages):"
     )
-    for number, token in enumerate(tokens, 1):
+    for label, count in (
+        ("response tokens", counts["tokens"]),
+        ("in responses with A > 0", counts["pos_adv"]),
+        (f"with p < tau_p = {args.tau_p:g} (any A)", counts["low_prob"]),
+        ("candidates (both)", counts["candidates"]),
+        (f"silenced: H < tau_h = {counts['entropy_threshold']:.4f}", counts["masked"]),
+    ):
+        print(f"  {label:<34} {count:>7}")
+    print(f"(tau_h is the {args.q:g} quantile of the candidates' entropy; the first {min(SHOWN, len(tokens))} of "
+          f"{len(tokens)} silenced tokens:)")  # fmt: skip
+    for number, token in enumerate(tokens[:SHOWN], 1):
         print(format_token(number, token))
+    write_atomic(args.out / "s2t_tokens.jsonl", "".join(json.dumps(t, ensure_ascii=False) + "\n" for t in tokens))
+    try:
+        texts = [[tokenizer.decode([i]) for i in s.ids] for s in stats]
+        pictures = plot_s2t(batch, texts, [r.name for r in rollouts], args.out)
+        print(f"pictures: {', '.join(map(str, pictures))}; every silenced token: {args.out / 's2t_tokens.jsonl'}")
+    except ReportError as error:
+        print(f"pictures skipped: {error}")
 
 
 # ---------------------------------------------------------------------------------------------------- GPU path
@@ -509,7 +531,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         run_gpu(args, warm.folder, warm.paths, warm.splits["validation"])
     else:
         run_cpu(args, warm.model, warm.tokenizer, warm.problems, warm.responses, warm.scores)
-        print(f"outputs: {args.out} (task: data/, random model: base/, warmed-up model: warmup/)")
+        print(f"outputs: {args.out} (task: data/, random model: base/, warmed-up model: warmup/, S2T: s2t_*)")
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -142,24 +143,49 @@ def _distribution_stats(logits: torch.Tensor, targets: torch.Tensor, top_k: int)
     return log_probs.gather(-1, targets[:, None])[:, 0], entropy_from_logits(logits), top.indices, top.values.exp()
 
 
-def silenced_tokens(
-    rollouts: Sequence[Rollout],
-    stats: Sequence[TokenStats],
-    advantages: torch.Tensor,
-    tokenizer,
-    tau_p: float = StapoConfig.tau_p,
-    q: float = StapoConfig.q,
-    context: int = 20,
-) -> tuple[list[dict], dict]:
-    """The tokens :func:`stapo.s2t.s2t_mask` silences, all rollouts forming one mini-batch, and the mask stats."""
+@dataclass(frozen=True)
+class MaskedBatch:
+    """Rollouts as one padded mini-batch (a row per rollout) with the S2T mask applied: log p, entropy, the
+    rollout's advantage per row, the response mask, ``keep`` (the mask with the silenced tokens at 0) and the mask's
+    statistics (:func:`stapo.s2t.s2t_mask`)."""
+
+    log_probs: torch.Tensor
+    entropy: torch.Tensor
+    advantages: torch.Tensor
+    mask: torch.Tensor
+    keep: torch.Tensor
+    stats: dict
+
+    @property
+    def candidates(self) -> torch.Tensor:
+        """Â > 0 and p < τ_p (bool, per token)."""
+        return self.mask.bool() & (self.advantages[:, None] > 0) & (self.log_probs < math.log(self.stats["tau_p"]))
+
+    @property
+    def silenced(self) -> torch.Tensor:
+        """The tokens S2T silences (bool, per token)."""
+        return self.mask.bool() & ~self.keep.bool()
+
+
+def mask_batch(
+    stats: Sequence[TokenStats], advantages: torch.Tensor, tau_p: float = StapoConfig.tau_p, q: float = StapoConfig.q
+) -> MaskedBatch:
+    """:func:`stapo.s2t.s2t_mask` over the rollouts' tokens as one mini-batch."""
     length = max((len(s.ids) for s in stats), default=0)
     shape = (len(stats), length)
     log_probs, entropy, mask = torch.zeros(shape), torch.zeros(shape), torch.zeros(shape, dtype=torch.long)
     for row, s in enumerate(stats):
         log_probs[row, : len(s.ids)], entropy[row, : len(s.ids)], mask[row, : len(s.ids)] = s.log_probs, s.entropy, 1
     keep, mask_stats = s2t_mask(log_probs, entropy, advantages[:, None].expand(shape), mask, tau_p=tau_p, q=q)
+    return MaskedBatch(log_probs, entropy, advantages, mask, keep, {**mask_stats, "tau_p": tau_p, "q": q})
+
+
+def silenced_records(
+    rollouts: Sequence[Rollout], stats: Sequence[TokenStats], batch: MaskedBatch, tokenizer, context: int = 20
+) -> list[dict]:
+    """One record per silenced token of ``batch``: context, probability, entropy, alternatives, advantage."""
     found = []
-    for row, position in (mask.bool() & ~keep.bool()).nonzero().tolist():
+    for row, position in batch.silenced.nonzero().tolist():
         s = stats[row]
         found.append(
             {
@@ -174,11 +200,25 @@ def silenced_tokens(
                 "top": [
                     [tokenizer.decode([int(i)]), float(p)] for i, p in zip(s.top_ids[position], s.top_probs[position])
                 ],
-                "advantage": float(advantages[row]),
+                "advantage": float(batch.advantages[row]),
                 "score": rollouts[row].score,
             }
         )
-    return found, mask_stats
+    return found
+
+
+def silenced_tokens(
+    rollouts: Sequence[Rollout],
+    stats: Sequence[TokenStats],
+    advantages: torch.Tensor,
+    tokenizer,
+    tau_p: float = StapoConfig.tau_p,
+    q: float = StapoConfig.q,
+    context: int = 20,
+) -> tuple[list[dict], dict]:
+    """The tokens :func:`stapo.s2t.s2t_mask` silences, all rollouts forming one mini-batch, and the mask stats."""
+    batch = mask_batch(stats, advantages, tau_p, q)
+    return silenced_records(rollouts, stats, batch, tokenizer, context), batch.stats
 
 
 def format_token(number: int, token: dict) -> str:

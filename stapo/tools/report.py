@@ -386,12 +386,106 @@ def plot_runs(runs: dict[str, Sequence[dict[str, dict[int, float]]]], out_dir: P
         axes.set(xlabel="step", ylabel=titles[name], title=titles[name])
         axes.grid(alpha=0.3)
         axes.legend()
-        buffer = io.BytesIO()
-        figure.savefig(buffer, format="png", dpi=120, bbox_inches="tight")
-        plt.close(figure)
-        write_atomic(Path(out_dir) / f"{name}.png", buffer.getvalue())
-        written.append(Path(out_dir) / f"{name}.png")
+        written.append(_save(figure, Path(out_dir) / f"{name}.png", plt))
     return written, missing
+
+
+SILENCED, KEPT = "#d62728", "#ff9f1c"
+"""Colours of the tokens S2T silences and of the candidates it keeps, in both pictures of :func:`plot_s2t`."""
+
+
+def plot_s2t(batch, tokens: Sequence[Sequence[str]], names: Sequence[str], out_dir: Path, shown: int = 4) -> list[Path]:
+    """Two pictures of the S2T mask over one mini-batch (``batch``: :class:`stapo.tools.inspect_tokens.MaskedBatch`,
+    ``tokens``: each row's token texts, ``names``: each row's label), written to ``out_dir``:
+
+    * ``s2t_scatter.png``: every token of the responses with Â > 0, probability against entropy, τ_p and τ_h drawn:
+      the candidates lie left of τ_p; S2T silences those below τ_h (STAPO, arXiv 2602.15620, eq. I^S2T);
+    * ``s2t_tokens.png``: up to ``shown`` responses with the most silenced tokens, the silenced tokens and the kept
+      candidates highlighted (rows with candidates first).
+    """
+    try:
+        import matplotlib
+    except ImportError:
+        raise ReportError(
+            "pictures need matplotlib: pip install 'stapo-verl[plot]' (or pip install matplotlib)"
+        ) from None
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tau_p, tau_h = batch.stats["tau_p"], batch.stats["entropy_threshold"]
+    positive = batch.mask.bool() & (batch.advantages[:, None] > 0)
+    candidates, silenced = batch.candidates, batch.silenced
+    probs, entropy = batch.log_probs.exp(), batch.entropy
+    figure, axes = plt.subplots(figsize=(6.4, 4.4))
+    for label, chosen, colour, size in (
+        (f"Â > 0, p ≥ τ_p ({int((positive & ~candidates).sum())})", positive & ~candidates, "#9e9e9e", 6),
+        (f"candidate kept, H ≥ τ_h ({int((candidates & ~silenced).sum())})", candidates & ~silenced, KEPT, 18),
+        (f"silenced by S2T ({int(silenced.sum())})", silenced, SILENCED, 18),
+    ):
+        axes.scatter(
+            probs[chosen], entropy[chosen], s=size, color=colour, label=label, alpha=0.9, zorder=3 if size > 6 else 2
+        )
+    axes.set_xscale("log")
+    axes.axvline(tau_p, color="black", linestyle="--", linewidth=1)
+    axes.text(tau_p, axes.get_ylim()[0], f" τ_p = {tau_p:g}", va="bottom", fontsize=8)
+    if not math.isnan(tau_h):
+        axes.plot([axes.get_xlim()[0], tau_p], [tau_h, tau_h], color="black", linestyle=":", linewidth=1)
+        axes.text(axes.get_xlim()[0], tau_h, f" τ_h = {tau_h:.3f} (q = {batch.stats['q']:g} of the candidates)",
+                  va="bottom", fontsize=8)  # fmt: skip
+    axes.set(xlabel="probability p of the sampled token", ylabel="entropy H (nats)")
+    axes.set_title("S2T: tokens of responses with a positive advantage", fontsize=10)
+    axes.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, frameon=False)
+    axes.grid(alpha=0.3)
+    written = [_save(figure, Path(out_dir) / "s2t_scatter.png", plt)]
+
+    order = sorted(range(len(tokens)), key=lambda r: (-int(silenced[r].sum()), -int(candidates[r].sum())))
+    rows = [r for r in order if candidates[r].any()][:shown] or order[:1]
+    size, columns = 8, 130
+    lines: list[list[tuple[str, str | None]]] = []  # per line: (text, highlight colour)
+    for row in rows:
+        lines.append([(f"{names[row]}   Â = {float(batch.advantages[row]):+.2f}", "header")])
+        line, used = [], 0
+        for position, text in enumerate(tokens[row]):
+            text = text.replace("\n", "↵")
+            if used + len(text) > columns and line:
+                lines.append(line)
+                line, used = [], 0
+            colour = SILENCED if silenced[row, position] else KEPT if candidates[row, position] else None
+            line.append((text, colour))
+            used += len(text)
+        lines += [line, []]
+    step, char = 1.7 * size / 72, 0.6 * size / 72  # DejaVu Sans Mono's advance is 0.6 em
+    width_in = 0.4 + char * max(40, *(sum(len(text) for text, _ in line) for line in lines))
+    figure = plt.figure(figsize=(width_in, step * (len(lines) + 3)))
+    axes = figure.add_axes((0, 0, 1, 1))
+    axes.set(xlim=(0, width_in), ylim=(step * (len(lines) + 3), 0))
+    axes.axis("off")
+    axes.text(0.2, step, "silenced by S2T", fontsize=size, family="monospace", va="center",
+              bbox={"facecolor": SILENCED, "alpha": 0.6, "pad": 1, "linewidth": 0})  # fmt: skip
+    axes.text(0.2 + 17 * char, step, "candidate kept (H ≥ τ_h)", fontsize=size, family="monospace", va="center",
+              bbox={"facecolor": KEPT, "alpha": 0.6, "pad": 1, "linewidth": 0})  # fmt: skip
+    for number, line in enumerate(lines, start=3):
+        x = 0.2
+        for text, colour in line:
+            style = (
+                {"bbox": {"facecolor": colour, "alpha": 0.6, "pad": 1, "linewidth": 0}}
+                if colour not in (None, "header")
+                else {}
+            )
+            weight = "bold" if colour == "header" else "normal"
+            axes.text(x, number * step, text, fontsize=size, family="monospace", va="center", weight=weight, **style)
+            x += len(text) * char
+    written.append(_save(figure, Path(out_dir) / "s2t_tokens.png", plt))
+    return written
+
+
+def _save(figure, path: Path, plt) -> Path:
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=120, bbox_inches="tight")
+    plt.close(figure)
+    write_atomic(path, buffer.getvalue())
+    return path
 
 
 # ------------------------------------------------------------------------------------------------------------- CLI
