@@ -1,8 +1,8 @@
 """Test-wide environment and fixtures.
 
 Ray started by a test writes no authentication token under $HOME (~/.ray). Tests own their Ray clusters: a cluster
-that runs on the machine before a test (a user's job) is not the test's, and :func:`foreign_ray_ignored` keeps the
-preflight's view of the machine to the clusters the test starts.
+that another process runs on the machine (a user's job, another test suite), before the test or during it, is not the
+test's, and :func:`foreign_ray_ignored` keeps the preflight's view of the machine to the clusters the test starts.
 """
 
 import os
@@ -13,20 +13,37 @@ import pytest
 os.environ["RAY_AUTH_MODE"] = "disabled"
 
 
+def descends_from(pid: int, ancestor: int) -> bool:
+    """Whether process ``pid`` is ``ancestor`` or one of its descendants (``/proc``'s parent links)."""
+    while pid > 1:
+        if pid == ancestor:
+            return True
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return False
+        pid = int(stat.rsplit(")", 1)[1].split()[1])  # the field after the state: the parent's pid
+    return False
+
+
+def own_gcs_servers(listing, ancestor: int) -> list[int]:
+    """The Ray clusters (GCS servers, from ``listing()``) that ``ancestor``'s process tree started."""
+    return [pid for pid in listing() if descends_from(pid, ancestor)]
+
+
 @pytest.fixture
 def foreign_ray_ignored(monkeypatch):
-    """Leave the Ray clusters already running (their GCS servers) out of :mod:`stapo.train.preflight`'s listing for
-    this test, and yield a check that the test left no cluster of its own and no ``ray_current_cluster`` file that
-    was not there before."""
+    """Leave the Ray clusters this test process did not start (their GCS servers, by process ancestry) out of
+    :mod:`stapo.train.preflight`'s listing for this test, and yield a check that the test left no cluster of its own
+    and no ``ray_current_cluster`` file that was not there before."""
     from ray._common.utils import get_ray_address_file
 
     from stapo.train import preflight
 
-    listing = preflight._gcs_servers
-    foreign = set(listing())
+    listing, me = preflight._gcs_servers, os.getpid()
     address_file = Path(get_ray_address_file(None))
     had_address_file = address_file.exists()
-    monkeypatch.setattr(preflight, "_gcs_servers", lambda: [pid for pid in listing() if pid not in foreign])
+    monkeypatch.setattr(preflight, "_gcs_servers", lambda: own_gcs_servers(listing, me))
 
     def nothing_left(message: str = "a Ray cluster the test started was left running") -> None:
         assert preflight.local_ray_clusters() == [], message

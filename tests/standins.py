@@ -23,8 +23,8 @@ steps of a chain, a missing folder or a lost log fails the test that runs the ch
 * ``pretrained`` is the real converter without its check that the result is SmolLM2-135M: the tests hand it a
   small GGUF of SmolLM2's layout (tests/test_pretrained.py), since the real model's warm-up needs a GPU.
 * ``experiment`` is the real tool with only the trainer replaced (by ``train`` above) and one GPU declared to it;
-  its Ray clusters are real (the Ray clusters that ran on the machine before it started are not its own, as
-  tests/conftest.py's ``foreign_ray_ignored``).
+  its Ray clusters are real (other processes' clusters on the machine are not its own, as tests/conftest.py's
+  ``foreign_ray_ignored`` decides).
 
 :func:`calls` wraps a chain's runner (``stapo.quickstart.run.call``) so that it starts these instead of the real
 programs and runs everything else as it is.
@@ -184,11 +184,13 @@ def evaluate(argv: list[str]) -> None:
 
 def experiment(argv: list[str]) -> None:
     """``python -m stapo.quickstart.experiment`` with the trainer replaced by :func:`train` and one GPU declared."""
+    from conftest import own_gcs_servers
+
     from stapo.quickstart import experiment as tool
     from stapo.train import preflight
 
-    listing, foreign = preflight._gcs_servers, set(preflight._gcs_servers())
-    preflight._gcs_servers = lambda: [pid for pid in listing() if pid not in foreign]
+    listing, me = preflight._gcs_servers, os.getpid()
+    preflight._gcs_servers = lambda: own_gcs_servers(listing, me)
     tool.torch.cuda.device_count = lambda: 1
     tool.TRAINER = [sys.executable, str(HERE), "train"]
     tool.main(argv)

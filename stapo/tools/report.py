@@ -105,7 +105,15 @@ def find_summaries(paths: Iterable[Path]) -> list[Path]:
 
 def summary_entry(path: Path) -> Entry:
     """The entry of one eval summary; it must carry known method, size and preset labels."""
-    summary = json.loads(Path(path).read_text(encoding="utf-8"))
+    try:
+        summary = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ReportError(
+            f"{path}: not a summary.json of `python -m stapo.tools.evaluate` ({type(error).__name__}); pass its "
+            "summary.json files or the folders holding them"
+        ) from None
+    if not isinstance(summary, dict) or not isinstance(summary.get("benchmarks"), dict):
+        raise ReportError(f"{path}: not a summary.json of `python -m stapo.tools.evaluate` (no benchmarks in it)")
     for field, allowed in (("method", methods()), ("size", sizes()), ("preset", tuple(PRESETS))):
         if summary.get(field) not in allowed:
             raise ReportError(

@@ -28,6 +28,9 @@ def validate(config: DictConfig, environment: bool = True) -> StapoConfig:
     """All checks that can run before Ray starts: the ``stapo:`` block, the ``auto`` settings, the preflight
     checks (with ``environment``: GPUs, data, model too), then verl's own config rules. Raises
     :class:`ConfigError` with one line per problem."""
+    counts = preflight.count_problems(config)  # first: the checks below compute with these
+    if counts:
+        raise ConfigError("\n".join(counts))
     try:
         stapo = preflight.validate_training_config(config)
         preflight.resolve_auto(config)
@@ -83,8 +86,30 @@ def _hydra_main(config: DictConfig) -> None:
         raise SystemExit("\n".join(f"error: {line}" for line in str(error).splitlines())) from None
 
 
+def yaml_problems() -> list[str]:
+    """A YAML syntax error in any of the recipe's config files, as ``FILE, line L, column C: problem`` (Hydra would
+    answer it with a 75-line traceback)."""
+    import yaml
+
+    found = []
+    for path in sorted(CONFIG_DIR.rglob("*.yaml")):
+        try:
+            yaml.safe_load(path.read_text(encoding="utf-8"))
+        except yaml.MarkedYAMLError as error:
+            mark = error.problem_mark or error.context_mark
+            where = f", line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            found.append(f"{path}{where}: {error.problem or error.context} (a YAML syntax error; fix the file)")
+        except yaml.YAMLError as error:
+            found.append(f"{path}: {error} (a YAML syntax error; fix the file)")
+    return found
+
+
 def check_names(argv: list[str]) -> None:
-    """Stop with one line when the method (``--config-name``) or ``size=`` names no config file."""
+    """Stop with one line when the method (``--config-name``) or ``size=`` names no config file, or a config file
+    is not valid YAML."""
+    for problem in yaml_problems():
+        print(f"error: {problem}", file=sys.stderr)
+        raise SystemExit(2)
     values = {"method": "stapo", "size": None}
     for i, arg in enumerate(argv):
         if arg.startswith("--config-name"):

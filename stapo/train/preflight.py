@@ -18,7 +18,7 @@ import time
 from importlib.metadata import entry_points
 from pathlib import Path
 
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from stapo.config import TRAINER_MODE, StapoConfig, StapoConfigError
 from stapo.tools.io import DataFileError, model_folder_problems, parquet_columns
@@ -252,6 +252,47 @@ def _model_problems(config: DictConfig) -> list[str]:
             found.append(
                 f"actor_rollout_ref.model.{key}={value}: no such folder, and not a Hugging Face hub id (ORG/NAME)"
             )
+    return found
+
+
+COUNTS = {
+    "trainer.nnodes": "nodes",
+    "trainer.n_gpus_per_node": "GPUs a node",
+    "trainer.total_training_steps": "training steps",
+    "trainer.total_epochs": "epochs",
+    "data.train_batch_size": "prompts a step",
+    "data.max_prompt_length": "prompt tokens",
+    "data.max_response_length": "response tokens",
+    "actor_rollout_ref.rollout.n": "responses a prompt",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size": "GPUs a vLLM engine",
+    "actor_rollout_ref.rollout.val_kwargs.n": "validation responses a prompt",
+    "actor_rollout_ref.actor.ppo_mini_batch_size": "prompts a PPO mini-batch",
+    "actor_rollout_ref.actor.ppo_epochs": "PPO epochs",
+    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": "tokens a micro-batch a GPU",
+    "actor_rollout_ref.actor.ulysses_sequence_parallel_size": "GPUs a sequence",
+}
+"""Keys the preflight and verl compute with, each a whole number of at least 1 (what it counts)."""
+FREQUENCIES = ("trainer.save_freq", "trainer.test_freq")
+"""Keys that are whole numbers of steps (0 or -1: never)."""
+
+
+def count_problems(config: DictConfig) -> list[str]:
+    """The :data:`COUNTS` and :data:`FREQUENCIES` keys that are not whole numbers in range, and training files that
+    name nothing; one line each, before anything computes with them (a string GPU count stopped the GPU check with a
+    ``TypeError``, 1.5 GPUs passed it)."""
+    found = []
+    for key in (*COUNTS, *FREQUENCIES):
+        value = OmegaConf.select(config, key)
+        if value is None and key == "trainer.total_training_steps":  # verl: derived from total_epochs
+            continue
+        whole = isinstance(value, int) and not isinstance(value, bool)
+        if key in COUNTS and not (whole and value >= 1):
+            found.append(f"{key}={value}: must be a whole number of at least 1 ({COUNTS[key]})")
+        elif key in FREQUENCIES and not whole:
+            found.append(f"{key}={value}: must be a whole number of steps (-1: never)")
+    files = config.data.get("train_files")
+    if not files or (not isinstance(files, str) and not all(isinstance(f, str) and f for f in files)):
+        found.append(f"data.train_files={files}: name one parquet file or a list of them")
     return found
 
 
