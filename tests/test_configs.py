@@ -219,3 +219,18 @@ def test_the_plugin_keeps_the_workers_imports_small():
     code = "import sys, stapo.train.plugin; print('stapo.tools.data' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr[-2000:]
+
+
+def test_a_yaml_typo_in_a_config_is_named_by_file_line_and_column(tmp_path):
+    """An edit that breaks a config file's YAML (issue 38: a 75-line Hydra traceback at commit ea1edb6) is one line
+    with the file, line and column; the shipped configs have none."""
+    import shutil
+
+    from stapo.train.main import yaml_problems
+
+    assert yaml_problems() == []
+    shutil.copytree(CONFIG_DIR, tmp_path / "configs", ignore=shutil.ignore_patterns("*.py", "__pycache__"))
+    stapo_yaml = tmp_path / "configs" / "stapo.yaml"
+    stapo_yaml.write_text(stapo_yaml.read_text().replace("  mask: s2t", "  mask: [s2t"))
+    (problem,) = yaml_problems(tmp_path / "configs")
+    assert problem.startswith(f"{stapo_yaml}, line ") and ", column " in problem and "a YAML syntax error" in problem

@@ -55,4 +55,4 @@ def test_the_commands(capsys):
     assert lines[0].startswith("10 steps × 256 prompts × 8") and len(lines) == 3 + 3  # header, 3 sizes x 1 node
     with pytest.raises(SystemExit):
         cost.main(["project", "--size", "qwen3_8b", "--length-start", "20000"])
-    assert "at most --max-length" in capsys.readouterr().err
+    assert "--max-length 15360: must be at least --length-start and --length-end" in capsys.readouterr().err

@@ -26,9 +26,16 @@ def tree(folder: Path) -> set[str]:
 
 @pytest.fixture
 def place(tmp_path):
-    """A working directory with a file and a folder where outputs of the other kind are asked for."""
+    """A working directory with a file and a folder where outputs of the other kind are asked for, an empty and a junk
+    file, and a folder holding an empty summary.json."""
     (tmp_path / "a-file").write_text("x")
     (tmp_path / "a-folder").mkdir()
+    (tmp_path / "empty.gguf").write_bytes(b"")
+    (tmp_path / "junk.gguf").write_bytes(b"not a model")
+    (tmp_path / "runs" / "x").mkdir(parents=True)
+    (tmp_path / "runs" / "x" / "summary.json").write_text("")
+    (tmp_path / "tok").mkdir()
+    (tmp_path / "tok" / "tokenizer_config.json").write_text("{}")
     return tmp_path
 
 
@@ -41,7 +48,7 @@ def place(tmp_path):
         (["-m", "stapo.checks.benchmark", "actor", "--out", "b"], "runs on a CUDA GPU and none is visible"),
         (["-m", "stapo.checks.benchmark", "attention"], "runs on a CUDA GPU and none is visible"),
         (
-            ["-m", "stapo.checks.benchmark", "gpu", "--out", "b", "--model", "qwen3_1.7b", "--tokenizer", "a-folder"]
+            ["-m", "stapo.checks.benchmark", "gpu", "--out", "b", "--model", "qwen3_1.7b", "--tokenizer", "tok"]
             + ["--weights", "a-folder"],
             "--weights a-folder: no config.json in it",
         ),
@@ -51,13 +58,33 @@ def place(tmp_path):
         ),
         (["-m", "stapo.checks.gpu_smoke", "--out", "s"], "--gpus 1: 0 CUDA GPU(s) visible"),
         (["-m", "stapo.train", "--config-name=stapo", "stapo.tau_p=5"], "stapo.tau_p=5 is out of range"),
+        # issue 38's list, as a new user met each at commit ea1edb6 (a traceback, or something left behind)
+        (["-m", "stapo.train", "--config-name=stapo", "trainer.n_gpus_per_node=abc"], "n_gpus_per_node=abc: must be"),
+        (["-m", "stapo.train", "--config-name=stapo", "trainer.n_gpus_per_node=1.5"], "n_gpus_per_node=1.5: must be"),
+        (["-m", "stapo.train", "--config-name=stapo", "data.train_files=[]"], "data.train_files=[]: name one"),
+        (["bash", "scripts/quickstart.sh", "a-file"], "--out a-file: a file is in the way"),
+        (["-m", "stapo.tools.report", "table", "runs"], "summary.json: not a summary.json"),
+        (["-m", "stapo.tools.pretrained", "--out", "m", "--src", "empty.gguf"], "empty.gguf: not a GGUF file"),
+        (["-m", "stapo.tools.pretrained", "--out", "m", "--src", "junk.gguf"], "junk.gguf: not a GGUF file"),
+        (["-m", "stapo.checks.gpu_smoke", "--out", "s", "--gpus", "0"], "--gpus 0: must be a positive integer"),
+        (["-m", "stapo.checks.gpu_smoke", "--out", "s", "--gpus", "-1"], "--gpus -1: must be a positive integer"),
+        (["-m", "stapo.tools.inspect_tokens", "--model", "a-folder", "--rollouts", "r"], "a-folder: neither"),
+        (["-m", "stapo.tools.inspect_tokens", "--model", "m", "--rollouts", "r", "--tau-p", "5"], "--tau-p=5.0 is out"),
+        (["-m", "stapo.quickstart.task", "arith", "--train", "-5", "--out", "t"], "--train -5: must be a positive"),
+        (["-m", "stapo.quickstart.task", "word", "--val", "0", "--out", "t"], "--val 0: must be a positive"),
+        (["bash", "scripts/slurm.sbatch", "stapo", "qwen3_1.7b"], "not inside a Slurm job"),
+        (["-m", "stapo.tools.evaluate", "--model", "missing"], "--model missing: no such folder"),
     ],
 )
 def test_misuse_is_one_line_and_leaves_nothing(place, command, expected):
     """One line on stderr, a non-zero exit, and no file written (no Hydra outputs/ folder, no half-made output);
     verl's import-time notices about engines and accelerators are not shown before it."""
     before = tree(place)
-    out = run(sys.executable, *command, cwd=place)
+    if command[0] == "bash":
+        command = [command[0], str(ROOT / command[1]), *command[2:]]
+        out = run(*command, cwd=place)
+    else:
+        out = run(sys.executable, *command, cwd=place)
     lines = out.stderr.strip().splitlines()
     assert out.returncode != 0 and len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], out
     assert tree(place) == before

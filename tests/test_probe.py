@@ -129,6 +129,6 @@ def test_bad_arguments_stop_before_any_work(tmp_path):
         probe.main(["--model", str(tmp_path), "--data", str(tmp_path / "x.parquet"), "--out", str(tmp_path),
                     "--n", "1", "--tau-p", "0"])  # fmt: skip
     message = str(stop.value)
-    for expected in ("x.parquet: no such file", "no config.json", "a folder is in the way", "--n must be at least 2",
-                     "--tau-p 0.0: must be in (0, 1]"):  # fmt: skip
+    for expected in ("x.parquet: no such file", "no config.json", "a folder is in the way", "--n 1: must be at least 2",
+                     "--tau-p 0.0: must be a fraction in (0, 1]"):  # fmt: skip
         assert expected in message

@@ -299,7 +299,7 @@ def test_an_output_folder_that_cannot_be_made_is_one_line(tmp_path):
     (tmp_path / "file").write_text("x")
     for out, message in (
         (tmp_path / "file", f"error: --out {tmp_path / 'file'}: a file is in the way; name a folder"),
-        (tmp_path / "file" / "sub", f"error: --out {tmp_path / 'file' / 'sub'}: cannot make the folder (Not a dir"),
+        (tmp_path / "file" / "sub", f"error: --out {tmp_path / 'file' / 'sub'}: {tmp_path / 'file'} is a file, so"),
     ):
         with pytest.raises(SystemExit) as stop:
             qs.main(["cpu", "--out", str(out), *TINY, "--eval-problems", "2"])

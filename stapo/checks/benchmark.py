@@ -59,7 +59,14 @@ from pathlib import Path
 import torch
 
 from stapo.config import QWEN3_SHAPES
-from stapo.tools.io import model_folder_problems, write_atomic
+from stapo.tools.io import (
+    DataFileError,
+    model_folder_problems,
+    number_problems,
+    output_problem,
+    parquet_columns,
+    write_atomic,
+)
 
 PHASES = ("justrl", "stapo_old", "stapo_current")
 TRAINER_MODE = "stapo_bench"
@@ -664,6 +671,52 @@ def bench_vllm(args) -> dict:
     return result
 
 
+POSITIVE = {
+    "mask": ("responses", "length", "repeats"),
+    "actor": ("tokens", "seq", "repeats", "rounds"),
+    "gpu": ("cycles", "prompts", "response_length", "gpus"),
+    "vllm": ("prompts", "n", "response_length", "repeats", "max_num_seqs", "max_num_batched_tokens"),
+}
+"""The counts of each benchmark, whole numbers of at least 1."""
+
+
+def argument_problems(args: argparse.Namespace) -> list[str]:
+    """The benchmark's options that cannot work, one line each, before any GPU work."""
+    found = number_problems(args, positive=POSITIVE.get(args.what, ()))
+    if args.what == "vllm":
+        found += number_problems(args, fractions=("gpu_memory_utilization",))
+        found += [f"--model {p}" for p in model_folder_problems(args.model, str(args.model))]
+        try:
+            parquet_columns(args.data, "a verl parquet with a prompt column")
+        except DataFileError as error:
+            found.append(f"--data {error}")
+    if args.what == "gpu":
+        found += number_problems(args, non_negative=("standalone",))
+        if args.model != "tiny" and args.model not in QWEN3_SHAPES:
+            found.append(f"--model {args.model}: tiny, or one of {', '.join(QWEN3_SHAPES)}")
+        found += [f"override {o}: write it as KEY=VALUE" for o in args.overrides if "=" not in o or o.startswith("=")]
+        if args.tokenizer is not None and not (args.tokenizer / "tokenizer_config.json").is_file():
+            found.append(f"--tokenizer {args.tokenizer}: no tokenizer_config.json in it; pass a tokenizer folder")
+        elif args.model in QWEN3_SHAPES and args.tokenizer is None:
+            found.append("--model with a Qwen3 shape needs --tokenizer (Qwen's vocabulary: stapo.quickstart.tiny)")
+        if args.weights and args.model not in QWEN3_SHAPES:
+            found.append(f"--weights is for a Qwen3 shape (--model one of {', '.join(QWEN3_SHAPES)}); the tiny model "
+                         "is built by the run")  # fmt: skip
+        elif args.weights:
+            hint = "python -m stapo.checks.scale model --shape SHAPE --tokenizer DIR --out DIR"
+            found += [f"{p} ({hint})" for p in model_folder_problems(args.weights, f"--weights {args.weights}")]
+        if args.standalone and args.gpus != 1:
+            found.append("--standalone compares the rollout with vLLM on one GPU; run it with --gpus 1")
+    if args.what == "actor":
+        if args.shape not in QWEN3_SHAPES:
+            found.append(f"--shape {args.shape}: one of {', '.join(QWEN3_SHAPES)}")
+        if args.variants == "all" and (len(args.tokens) > 1 or args.checkpointing != ["on"]):
+            found.append("several --tokens or --checkpointing need --variants recipe ('all' makes one table)")
+    if args.what in ("actor", "gpu", "vllm"):
+        found += [p for p in [output_problem(args.out, "folder")] if p]
+    return found
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m stapo.checks.benchmark", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="what", required=True)
@@ -734,20 +787,8 @@ def main(argv: list[str] | None = None) -> None:
     for key in VLLM_SETTINGS:
         standalone.add_argument(f"--{key.replace('_', '-')}", type=float if "utilization" in key else int)
     args = parser.parse_args(argv)
-    if args.what == "actor" and args.variants == "all" and (len(args.tokens) > 1 or args.checkpointing != ["on"]):
-        parser.exit(2, "error: several --tokens or --checkpointing need --variants recipe ('all' makes one table)\n")
-    if args.what == "gpu" and args.model in QWEN3_SHAPES and args.tokenizer is None:
-        parser.exit(2, "error: --model with a Qwen3 shape needs --tokenizer (Qwen's vocabulary: stapo.quickstart.tiny)"
-                       "\n")  # fmt: skip
-    if args.what == "gpu" and args.weights and args.model not in QWEN3_SHAPES:
-        parser.exit(2, f"error: --weights is for a Qwen3 shape (--model one of {', '.join(QWEN3_SHAPES)}); "
-                       "the tiny model is built by the run\n")  # fmt: skip
-    if args.what == "gpu" and args.standalone and args.gpus != 1:
-        parser.exit(2, "error: --standalone compares the rollout with vLLM on one GPU; run it with --gpus 1\n")
-    if args.what == "gpu" and args.weights:
-        for problem in model_folder_problems(args.weights, f"--weights {args.weights}"):
-            hint = "python -m stapo.checks.scale model --shape SHAPE --tokenizer DIR --out DIR"
-            parser.exit(2, f"error: {problem} ({hint})\n")
+    for problem in argument_problems(args):
+        parser.exit(2, f"error: {problem}\n")
     if args.what != "mask" and not torch.cuda.is_available():
         parser.exit(2, f"error: benchmark {args.what} runs on a CUDA GPU and none is visible; `mask` runs on the CPU\n")
     if args.what == "mask":

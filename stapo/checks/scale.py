@@ -77,6 +77,17 @@ def main(argv: list[str] | None = None) -> None:
     table.add_argument("metrics", type=Path, nargs="+", help="verl file-logger JSONL (VERL_FILE_LOGGER_PATH)")
     args = parser.parse_args(argv)
     if args.what == "model":
+        from stapo.config import QWEN3_SHAPES
+        from stapo.tools.io import output_problem
+
+        problems = [] if args.shape in QWEN3_SHAPES else [f"--shape {args.shape}: one of {', '.join(QWEN3_SHAPES)}"]
+        if not (args.tokenizer / "tokenizer_config.json").is_file():
+            problems.append(f"--tokenizer {args.tokenizer}: no tokenizer_config.json in it; pass a tokenizer folder")
+        if args.device not in (None, "cpu", "cuda"):
+            problems.append(f"--device {args.device}: cpu or cuda")
+        problems += [p for p in [output_problem(args.out, "folder")] if p]
+        if problems:
+            parser.exit(2, "".join(f"error: {p}\n" for p in problems))
         print(build(args.shape, args.tokenizer, args.out, args.device))
         return
     from stapo.tools.report import ReportError

@@ -57,7 +57,7 @@ from stapo.quickstart.run import (
 from stapo.quickstart.task import task_paths
 from stapo.quickstart.tiny import replace_overrides
 from stapo.tools.inspect_tokens import group_advantages
-from stapo.tools.io import follow_umask, model_folder_problems, write_atomic
+from stapo.tools.io import follow_umask, model_folder_problems, output_problem, write_atomic
 from stapo.tools.report import VALIDATION, ReportError, band, plot_runs, read_metrics
 from stapo.train.clusters import launch
 from stapo.train.preflight import local_cluster_problems
@@ -607,6 +607,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Command-line entry point (``python -m stapo.quickstart.experiment``)."""
     args = build_parser().parse_args(argv)
     if args.command == "summary":
+        if args.plots is not None and (problem := output_problem(args.plots, "folder", "--plots")):
+            raise SystemExit(f"error: {problem}")
         print(summarize(args.folder, args.plots or args.folder / "plots"))
         return
     gpus = check_run_args(args)

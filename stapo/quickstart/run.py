@@ -354,6 +354,8 @@ def build_parser() -> argparse.ArgumentParser:
 def check_model_args(args: argparse.Namespace) -> None:
     """The options of :func:`add_model_options`, before any work (a bad value must not surface after the warm-up or
     a whole training run)."""
+    if problem := output_problem(args.out, "folder"):
+        raise SystemExit(f"error: {problem}")
     try:
         StapoConfig(mask="s2t", tau_p=args.tau_p, q=args.q)
     except StapoConfigError as error:
@@ -380,8 +382,6 @@ def check_model_args(args: argparse.Namespace) -> None:
 
 def check_args(args: argparse.Namespace) -> None:
     """Every option of the quickstart, before any work."""
-    if problem := output_problem(args.out, "folder"):
-        raise SystemExit(f"error: {problem}")
     check_model_args(args)
     if args.steps < 1:
         raise SystemExit(f"error: --steps={args.steps}: must be a positive integer")

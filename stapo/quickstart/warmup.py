@@ -24,7 +24,16 @@ import torch
 
 from stapo.quickstart import task
 from stapo.quickstart.run import warmup
-from stapo.tools.io import follow_umask, model_folder_problems, output_problem, read_parquet, write_atomic
+from stapo.tools.io import (
+    DataFileError,
+    follow_umask,
+    model_folder_problems,
+    number_problems,
+    output_problem,
+    parquet_columns,
+    read_parquet,
+    write_atomic,
+)
 
 
 def excluded_questions(paths: list[Path]) -> set[str]:
@@ -67,7 +76,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     problems = model_folder_problems(args.model)
-    problems += [f"--exclude {p}: no such file" for p in args.exclude if not p.is_file()]
+    for path in args.exclude:
+        try:
+            parquet_columns(path, "a task file (python -m stapo.quickstart.task)")
+        except DataFileError as error:
+            problems.append(f"--exclude {error}")
+    problems += number_problems(args, positive=("problems", "lr", "batch_size"))
     problems += [
         f"--levels {x}: not one of {sorted(task.WORD_LEVELS)}" for x in args.levels if x not in task.WORD_LEVELS
     ]

@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from stapo.config import CONFIG_DIR, QWEN3_SHAPES, methods, sizes
+from stapo.tools.io import number_problems
 
 MEASURED = Path(__file__).with_name("measured_steps.json")
 GPUS = {  # datasheet: HBM bandwidth (B/s), memory (bytes), dense bf16 (FLOP/s, verl's FlopsCounter table)
@@ -276,13 +277,12 @@ def main(argv: list[str] | None = None) -> None:
     if args.command == "fit":
         print(fit_report(fitted()))
         return
-    bad = [f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()
-           if k in ("steps", "prompts", "n", "gpus_per_node") and v < 1]  # fmt: skip
-    bad += [f"--nodes {v}" for v in np.atleast_1d(args.nodes) if v < 1]
-    if args.length_start <= 0 or args.length_end <= 0 or args.max_length < max(args.length_start, args.length_end):
-        bad.append("--length-start/--length-end must be positive and at most --max-length")
+    lengths = ("prompt_length", "length_start", "length_end", "max_length")
+    bad = number_problems(args, positive=("nodes", "steps", "prompts", "n", "gpus_per_node", *lengths))
+    if not bad and args.max_length < max(args.length_start, args.length_end):
+        bad.append(f"--max-length {args.max_length:g}: must be at least --length-start and --length-end")
     if bad:
-        parser.error(f"{', '.join(bad)}: out of range")
+        parser.exit(2, "".join(f"error: {problem}\n" for problem in bad))
     if args.command == "project":
         result = project(args, args.size, args.nodes, args.method)
         print(json.dumps(result, indent=1))

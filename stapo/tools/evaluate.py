@@ -38,6 +38,7 @@ from stapo.tools.data import BENCHMARKS, DEFAULT_OUT
 from stapo.tools.io import (
     DataFileError,
     append_atomic,
+    number_problems,
     output_problem,
     read_parquet,
     write_atomic,
@@ -528,6 +529,7 @@ def plan_runs(args: argparse.Namespace) -> list[Run]:
         )
         open_run(run)  # settings conflict with an earlier run: stop before any model loads or merges
         runs.append(run)
+    VLLMGenerator.check()  # the last check: inputs first, then whether this machine can generate
     for run, source in zip(runs, sources):
         tokenizer = AutoTokenizer.from_pretrained(source.ready())
         run.problems = render_prompts(tokenizer, problems, str(source.folder))
@@ -571,10 +573,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        if args.max_tokens < 1 or args.tp < 1 or args.chunk_samples < 1:
-            raise EvalError("--max-tokens, --tp and --chunk-samples must be positive")
+        positive = ("max_tokens", "tp", "chunk_samples", "grade_workers", "max_model_len")
+        for problem in number_problems(args, positive=positive, fractions=("gpu_memory_utilization",)):
+            raise EvalError(problem)
         verifier = load_verifier(args.verifier) if args.verifier else None
-        VLLMGenerator.check()
         runs = plan_runs(args)
         for run in runs:
             generator = VLLMGenerator(

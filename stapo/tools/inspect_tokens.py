@@ -258,6 +258,10 @@ def main(argv: Sequence[str] | None = None) -> None:
                 raise InspectError(f"--{name.replace('_', '-')}={getattr(args, name)}: must be a positive integer")
         if not args.temperature > 0:
             raise InspectError(f"--temperature={args.temperature}: must be positive")
+        try:
+            torch.device(args.device)
+        except RuntimeError:
+            raise InspectError(f"--device {args.device}: not a torch device (cpu, cuda, cuda:1)") from None
         source = find_model(args.model)
         if args.out and (problem := output_problem(args.out, "file")):
             raise InspectError(problem)

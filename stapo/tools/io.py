@@ -48,7 +48,31 @@ def output_problem(path: Path, kind: str, option: str = "--out") -> str | None:
         return f"{option} {path}: a file is in the way; name a folder"
     if kind == "file" and path.is_dir():
         return f"{option} {path}: a folder is in the way; name a file"
+    for parent in path.parents:  # the nearest existing folder above it must be one
+        if parent.exists():
+            if not parent.is_dir():
+                return f"{option} {path}: {parent} is a file, so nothing can be made under it; name another place"
+            break
     return None
+
+
+def number_problems(
+    args, positive: Iterable[str] = (), non_negative: Iterable[str] = (), fractions: Iterable[str] = ()
+) -> list[str]:
+    """The options of ``args`` (an ``argparse`` namespace) out of range, one line each: ``positive`` ones must be
+    greater than 0 (whole numbers: at least 1), ``non_negative`` ones 0 or more, ``fractions`` in (0, 1]; NaN is
+    none of these. An option left at None (not given, no default) is not checked; a list is checked value by value."""
+    rules = [(positive, lambda x: x > 0, "a positive number"), (non_negative, lambda x: x >= 0, "0 or more")]
+    rules.append((fractions, lambda x: 0 < x <= 1, "a fraction in (0, 1]"))
+    found = []
+    for names, fits, wanted in rules:
+        for name in names:
+            value = getattr(args, name)
+            values = value if isinstance(value, list) else [value]
+            if any(v is not None and not fits(v) for v in values):
+                shown = " ".join(map(str, values))
+                found.append(f"--{name.replace('_', '-')} {shown}: must be {wanted}")
+    return found
 
 
 def model_folder_problems(folder: Path, label: str | None = None) -> list[str]:

@@ -36,7 +36,15 @@ from pathlib import Path
 import torch
 
 from stapo.s2t import grad_norm_lower_bound, s2t_mask
-from stapo.tools.io import DataFileError, model_folder_problems, output_problem, read_parquet, write_atomic
+from stapo.tools.io import (
+    DataFileError,
+    model_folder_problems,
+    number_problems,
+    output_problem,
+    parquet_columns,
+    read_parquet,
+    write_atomic,
+)
 from stapo.tools.reward import grade_many
 
 TAU_PS = (0.002, 0.005, 0.01, 0.02)
@@ -336,17 +344,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def check_args(args: argparse.Namespace) -> list[str]:
-    problems = [f"--data {p}: no such file" for p in args.data if not p.is_file()]
+    problems = []
+    for path in args.data:
+        try:
+            parquet_columns(path, "a verl parquet task file (python -m stapo.quickstart.task)")
+        except DataFileError as error:
+            problems.append(f"--data {error}")
     problems += model_folder_problems(args.model)
     problems += [p for p in [output_problem(args.out, "file")] if p]
-    for name in ("prompts", "n", "max_tokens", "mini_batch"):
-        if getattr(args, name) < 1:
-            problems.append(f"--{name.replace('_', '-')} must be at least 1")
+    problems += number_problems(args, positive=("prompts", "max_tokens", "mini_batch"), non_negative=("gradients",))
+    problems += number_problems(args, fractions=("tau_p",))
     if args.n < 2:
-        problems.append("--n must be at least 2: GRPO advantages need a group")
-    if args.prompts < args.mini_batch:
+        problems.append(f"--n {args.n}: must be at least 2 (GRPO advantages need a group)")
+    if args.prompts >= 1 and args.mini_batch >= 1 and args.prompts < args.mini_batch:
         problems.append(f"--prompts {args.prompts} is fewer than one mini-batch (--mini-batch {args.mini_batch})")
-    problems += [f"--tau-p {t}: must be in (0, 1]" for t in args.tau_p if not 0 < t <= 1]
     if not 0 <= args.q <= 1:
         problems.append(f"--q {args.q}: must be in [0, 1]")
     return problems

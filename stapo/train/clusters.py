@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import shlex
 import signal
 import socket
@@ -333,6 +334,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     wait.add_argument("seconds", type=float, help="how long to wait")
     wait.add_argument("nodes", nargs="+", help="each node's host name, once per node")
     args = parser.parse_args(argv)
+    if not re.fullmatch(r"[\w.-]+:\d+", args.address):
+        parser.exit(2, f"error: address {args.address}: the head's GCS address, HEAD_IP:PORT\n")
+    if not args.seconds > 0:
+        parser.exit(2, f"error: seconds {args.seconds}: must be a positive number\n")
     wait_for_nodes(args.address, len(args.nodes), args.seconds, names=args.nodes)
     names = " ".join(sorted({n.split(".")[0] for n in args.nodes}))
     print(f"stapo: Ray cluster at {args.address}: all {len(args.nodes)} node(s) joined: {names}")

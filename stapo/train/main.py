@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import fields
+from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
@@ -86,13 +87,13 @@ def _hydra_main(config: DictConfig) -> None:
         raise SystemExit("\n".join(f"error: {line}" for line in str(error).splitlines())) from None
 
 
-def yaml_problems() -> list[str]:
+def yaml_problems(folder: Path = CONFIG_DIR) -> list[str]:
     """A YAML syntax error in any of the recipe's config files, as ``FILE, line L, column C: problem`` (Hydra would
     answer it with a 75-line traceback)."""
     import yaml
 
     found = []
-    for path in sorted(CONFIG_DIR.rglob("*.yaml")):
+    for path in sorted(folder.rglob("*.yaml")):
         try:
             yaml.safe_load(path.read_text(encoding="utf-8"))
         except yaml.MarkedYAMLError as error:
