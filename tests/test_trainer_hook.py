@@ -92,13 +92,17 @@ def put_batch(seed=0, entropy_dtype=torch.float32, entropy_range=(0.0, 3.0)):
     gen = torch.Generator().manual_seed(seed)
     lens = torch.randint(3, 9, (N_ROWS,), generator=gen).tolist()
     adv = torch.randn(N_ROWS, generator=gen)
+    old = [-4.6 - 2.3 * torch.rand(n, generator=gen) for n in lens]
+    noise = torch.Generator().manual_seed(1000 + seed)  # apart: the other fields draw as before
     fields = TensorDict(
         {
             "response_mask": nested([torch.ones(n, dtype=torch.int64) for n in lens]),
             # the V1 agent loop stores a copy as loss_mask: the engine's denominator counts it
             "loss_mask": nested([torch.ones(n, dtype=torch.int64) for n in lens]),
             # p ~ 1e-3 .. 1e-2: about half of the tokens are below tau_p = 0.002
-            "old_log_probs": nested([-4.6 - 2.3 * torch.rand(n, generator=gen) for n in lens]),
+            "old_log_probs": nested(old),
+            # vLLM's log-probs of the same tokens (rollout.calculate_log_probs, verl's default): close, not equal
+            "rollout_log_probs": nested([lp + 0.05 * torch.randn(len(lp), generator=noise) for lp in old]),
             "entropy": nested([uniform(n, *entropy_range, gen).to(entropy_dtype) for n in lens]),
             "advantages": nested([torch.full((n,), float(a)) for n, a in zip(lens, adv)]),
             "row": torch.arange(N_ROWS),
@@ -234,7 +238,8 @@ def reference_s2t_metrics(before, groups):
     """s2t/* of a step from the reference functions: S2T per mini-batch and the gradient-norm bound per token."""
     from stapo.s2t import grad_norm_lower_bound
 
-    padded = {k: pad_to(before[k]) for k in ("old_log_probs", "entropy", "advantages", "response_mask")}
+    keys = ("old_log_probs", "entropy", "advantages", "response_mask", "rollout_log_probs")
+    padded = {k: pad_to(before[k]) for k in keys}
     valid = padded["response_mask"] != 0
     spurious = torch.zeros_like(valid)
     expected = 0
@@ -244,8 +249,17 @@ def reference_s2t_metrics(before, groups):
         expected += math.ceil(0.75 * (stats["candidates"] - 1)) if stats["candidates"] else 0
     candidates = valid & (padded["advantages"] > 0) & (padded["old_log_probs"] < torch.log(torch.tensor(0.002)))
     bound = grad_norm_lower_bound(padded["old_log_probs"], padded["entropy"], padded["advantages"]).double()
-    tokens = int(valid.sum())
+    tokens, positive = int(valid.sum()), int((valid & (padded["advantages"] > 0)).sum())
+    gap = (padded["old_log_probs"].double() - padded["rollout_log_probs"].double()).abs()
+    p_gap = (padded["old_log_probs"].double().exp() - padded["rollout_log_probs"].double().exp()).abs()
     return {
+        "s2t/pos_adv_tokens": positive,
+        "s2t/candidate_tokens": int(candidates.sum()),
+        "s2t/spurious_tokens": int(spurious.sum()),
+        "s2t/spurious_per_pos_adv": int(spurious.sum()) / positive,
+        "s2t/mismatch/candidate_logp": float(gap[candidates].mean()),
+        "s2t/mismatch/other_logp": float(gap[valid & ~candidates].mean()),
+        "s2t/mismatch/candidate_p": float(p_gap[candidates].mean()),
         "s2t/candidate_frac": int(candidates.sum()) / tokens,
         "s2t/spurious_frac": int(spurious.sum()) / tokens,
         "s2t/silenced_share": int(spurious.sum()) / int(candidates.sum()),
@@ -260,7 +274,9 @@ def reference_s2t_metrics(before, groups):
 @pytest.mark.parametrize("method", ["justrl", "stapo", "entropy20"])
 def test_s2t_metrics_are_logged_for_every_method(transfer_queue, method):
     """The paper's gradient analysis, every step: the same s2t/* values whether S2T is applied (STAPO) or only
-    observed (JustRL, 20-Entropy), computed from the reference functions here."""
+    observed (JustRL, 20-Entropy), computed from the reference functions here: among them the count of
+    positive-advantage tokens (so that the spurious share among them compares across arms) and vLLM's mismatch with
+    the trainer on the candidates (issue 39)."""
     config = compose(*([] if method == "stapo" else [f"stapo.mask={'none' if method == 'justrl' else 'top_entropy'}"]))
     wg = StandInActorWorkerGroup()
     batch = put_batch(seed=3)

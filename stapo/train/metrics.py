@@ -51,10 +51,16 @@ def s2t_metrics(stats: dict) -> dict[str, float]:
     spurious ones) and the other tokens. ``spurious_share`` is the spurious tokens' part of the step's summed bound.
     ``silenced_share`` is the spurious tokens' share of the candidates, ``expected_share`` the share the rule gives
     when the entropies are distinct (Σ ⌈q(k−1)⌉ over the step's quantile pools, about q): the two differ by ties at
-    τ_h. A mean or share over an empty set is NaN."""
+    τ_h. ``pos_adv_tokens`` counts the tokens of positive-advantage responses and ``spurious_per_pos_adv`` is the
+    spurious tokens' share of them, comparable between the arms of an experiment (issue 39). A mean or share over an
+    empty set is NaN."""
     tokens, candidates, spurious = stats["tokens"], stats["candidates"], stats["masked"]
     total, cand, spur = stats["bound_total"], stats["bound_candidates"], stats["bound_silenced"]
     return {
+        "s2t/pos_adv_tokens": float(stats["pos_adv"]),
+        "s2t/candidate_tokens": float(candidates),
+        "s2t/spurious_tokens": float(spurious),
+        "s2t/spurious_per_pos_adv": _ratio(spurious, stats["pos_adv"]),
         "s2t/candidate_frac": candidates / max(tokens, 1),
         "s2t/spurious_frac": spurious / max(tokens, 1),
         "s2t/silenced_share": _ratio(spurious, candidates),
@@ -68,3 +74,31 @@ def s2t_metrics(stats: dict) -> dict[str, float]:
 
 def _ratio(a: float, b: float) -> float:
     return a / b if b else math.nan
+
+
+def mismatch_metrics(
+    old_log_probs: torch.Tensor,
+    rollout_log_probs: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    tau_p: float,
+) -> dict[str, float]:
+    """``s2t/mismatch/*``: how far vLLM's log-probability of each sampled token (the rollout's) is from the trainer's
+    (π_old, which S2T compares with τ_p), as the mean of |log π_old − log π_rollout| over the S2T candidates
+    (Â > 0, p < τ_p) and over the other response tokens, and the candidates' mean |π_old − π_rollout|. S2T silences
+    exactly the low-probability tokens, where a bfloat16 rollout is least exact: the mismatch there is a rival
+    explanation of any effect of the mask (issue 39). Jagged or padded tensors of one layout; NaN over an empty set."""
+    flat = [t.values() if t.is_nested else t.reshape(-1) for t in (old_log_probs, rollout_log_probs, advantages)]
+    valid = (response_mask.values() if response_mask.is_nested else response_mask.reshape(-1)) != 0
+    old, rollout, adv = (t.double() for t in flat)
+    candidates = valid & (adv > 0) & (old < math.log(tau_p))
+    gap = (old - rollout).abs()
+    return {
+        "s2t/mismatch/candidate_logp": _mean(gap[candidates]),
+        "s2t/mismatch/other_logp": _mean(gap[valid & ~candidates]),
+        "s2t/mismatch/candidate_p": _mean((old.exp() - rollout.exp()).abs()[candidates]),
+    }
+
+
+def _mean(values: torch.Tensor) -> float:
+    return float(values.mean()) if values.numel() else math.nan

@@ -48,7 +48,7 @@ from stapo.config import TRAINER_MODE
 from stapo.tools.io import set_aside
 from stapo.train import audit
 from stapo.train.loss import stapo_loss
-from stapo.train.metrics import check_entropy_dtype, mask_metrics, s2t_metrics
+from stapo.train.metrics import check_entropy_dtype, mask_metrics, mismatch_metrics, s2t_metrics
 from stapo.train.preflight import validate_training_config
 
 MASK_INPUTS = ["old_log_probs", "entropy", "advantages", "response_mask", "loss_mask"]
@@ -67,7 +67,8 @@ RANDOM_SEED_STRIDE = 1000
 """``stapo.silence=random`` draws mini-batch g of step s with seed 1000·s + g: reproducible, distinct per step."""
 
 _BACKGROUND = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stapo-s2t-metrics")
-"""Computes the s2t/* gradient-bound sums while the workers run the actor update (NumPy releases the GIL)."""
+"""Computes the s2t/* gradient-bound sums and the s2t/mismatch/* means while the workers run the actor update (NumPy
+and torch release the GIL)."""
 
 
 def minibatch_rows(batch_size: int, dp_size: int, mini_batch_size: int, shuffle: bool, seed: int) -> list[torch.Tensor]:
@@ -188,7 +189,9 @@ class STAPOTrainer(PPOTrainerSync):
             return self._update_on_workers(batch, metrics)
 
         start = time.perf_counter()
-        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=MASK_INPUTS)
+        rollout = stapo.metrics and self.config.actor_rollout_ref.rollout.get("calculate_log_probs", False)
+        fields = MASK_INPUTS + ["rollout_log_probs"] * bool(rollout)  # vLLM's log-probs, for s2t/mismatch/*
+        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
         inputs = [data[k] for k in MASK_INPUTS[:4]]
         check_entropy_dtype(data["entropy"], "the old-policy entropies in TransferQueue")
         groups = self._mask_groups(len(batch))
@@ -196,10 +199,15 @@ class STAPOTrainer(PPOTrainerSync):
         if stapo.metrics:  # the S2T rule at π_old, applied or not; its gradient-norm bounds beside the update
             spurious, observed = mask_for_update("s2t", *inputs, groups, tau_p=stapo.tau_p, q=stapo.q)
             bounds = _BACKGROUND.submit(grad_bound_sums, *inputs, spurious, tau_p=stapo.tau_p)
+        mismatch = None
+        if rollout:  # beside the update too
+            args = (data["old_log_probs"], data["rollout_log_probs"], *inputs[2:], stapo.tau_p)
+            mismatch = _BACKGROUND.submit(mismatch_metrics, *args)
         if not on_driver:
             mask_seconds = time.perf_counter() - start
             batch = self._update_on_workers(batch, metrics)
             metrics.update(s2t_metrics({**observed, **bounds.result()}))
+            metrics.update(mismatch.result() if mismatch else {})
             metrics["timing_s/stapo_mask"] = mask_seconds
             return batch
 
@@ -232,6 +240,7 @@ class STAPOTrainer(PPOTrainerSync):
         metrics.update(mask_metrics(stats))
         if bounds is not None:
             metrics.update(s2t_metrics({**observed, **bounds.result()}))
+        metrics.update(mismatch.result() if mismatch else {})
         # the driver's critical path (inside verl's timing_s/update_actor): read the inputs from TransferQueue, build
         # the mask, write the folded masks; then write the original masks back
         metrics.update({"timing_s/stapo_mask": mask_seconds, "timing_s/stapo_restore": restore_seconds})
