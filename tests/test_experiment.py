@@ -528,3 +528,28 @@ def test_a_prepared_model_and_task_replace_the_tiny_warm_up(tmp_path, monkeypatc
     ):
         with pytest.raises(SystemExit, match=message):
             ex.check_run_args(ex.build_parser().parse_args(["run", "--out", str(tmp_path / "x"), *bad]))
+
+
+def test_the_stability_gate_calls_an_explosion_unstable_and_a_collapse_stable(tmp_path, monkeypatch):
+    """The pre-registered gate (docs/experiments.md section 10) on constructed runs of 40 steps: an entropy that falls
+    to 0.2 and rises back to 0.5 passes it (R = 0.3 >= 0.05 and >= half of 0.2); one that falls monotonically, as every
+    SmolLM2 run did, does not; five gradient-norm spikes, or a reward 0.2 below its best window, pass it too."""
+    steps = range(1, 41)
+    explode = {"actor/entropy": {s: 0.2 if s < 25 else 0.5 for s in steps}}
+    collapse = {"actor/entropy": {s: 0.5 - 0.01 * s for s in steps}}
+    spikes = {
+        "actor/entropy": {s: 0.3 for s in steps},
+        "actor/grad_norm": {s: 3.0 if s % 8 == 0 else 0.5 for s in steps},
+    }
+    drop = {"actor/entropy": {s: 0.3 for s in steps}, "critic/score/mean": {s: 0.8 if s < 20 else 0.6 for s in steps}}
+    assert ex.stability(explode)["unstable"] and ex.stability(explode)["entropy_rise"] == pytest.approx(0.3)
+    gate = ex.stability(collapse)
+    assert not gate["unstable"] and gate["entropy_rise"] == pytest.approx(0.0)
+    assert ex.stability(spikes)["grad_spikes"] == 5 and ex.stability(spikes)["unstable"]
+    assert ex.stability(drop)["reward_drop"] == pytest.approx(0.2) and ex.stability(drop)["unstable"]
+    small = {"actor/entropy": {s: 0.2 if s < 25 else 0.24 for s in steps}}  # a rise of 0.04 nats: below the gate
+    assert not ex.stability(small)["unstable"]
+    log_run(monkeypatch, tmp_path, "justrl", 0, 12, (0.2, 0.3), [0.5 - 0.01 * s for s in range(12)])
+    ex.summarize(tmp_path, None)
+    rows = parse_table((tmp_path / "stability.md").read_text())
+    assert rows["justrl-s0"]["unstable"] == "no" and rows["justrl-s0"]["grad norm > 2 (steps)"] == "0"

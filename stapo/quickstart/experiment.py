@@ -17,7 +17,8 @@ apply to every run (checked before any work). Each run writes ``DIR/runs/METHOD-
 exit_code}``. The same command again continues: finished runs are kept, the others resume from their latest
 checkpoint (verl's ``resume_mode: auto``; from step 0 with ``--save-freq 0``).
 
-``summary`` reads the runs' metrics and writes ``summary.md`` (per method, at the steps every run reached: mean ±
+``summary`` reads the runs' metrics and writes ``stability.md`` (each run against the pre-registered gate of an
+unstable run, :func:`stability`) and ``summary.md`` (per method, at the steps every run reached: mean ±
 standard deviation over seeds of the validation accuracy before and after training, the training reward, the actor
 entropy, the response length, the silenced share and the gradient-norm bound of the tokens S2T flags; then the
 differences between methods paired by seed, :func:`paired_rows`) and, with
@@ -298,6 +299,61 @@ def paired_rows(runs: Runs) -> list[dict[str, str]]:
     return rows
 
 
+GATE = {"window": 10, "after": 5, "rise": 0.05, "rise_share": 0.5, "grad_norm": 2.0, "grad_steps": 5, "drop": 0.15}
+"""The gate that calls a run unstable, pre-registered in docs/experiments.md section 10 (2026-11-28) before any run of
+the ladder: entropy rise, gradient-norm spikes or a reward drop (:func:`stability`)."""
+
+
+def stability(metrics: dict[str, dict[int, float]]) -> dict[str, float | bool]:
+    """The gate of :data:`GATE` on one run's metrics, with W = 10-step windows:
+
+    * ``entropy_rise`` R = (mean ``actor/entropy`` of the last W steps) − (the lowest mean of W consecutive steps
+      that start after step 5); the entropy gate passes when R ≥ 0.05 nats and R ≥ 0.5 of that lowest mean;
+    * ``grad_spikes``: steps whose ``actor/grad_norm`` (verl's, before clipping) exceeds 2; passes at 5 or more;
+    * ``reward_drop``: the highest W-step mean of ``critic/score/mean`` minus the last one; passes at 0.15 or more.
+
+    ``unstable`` is whether any passes; NaN where the run is shorter than the windows need."""
+    w = GATE["window"]
+
+    def windows(key: str) -> list[tuple[int, float]]:
+        series = metrics.get(key, {})
+        steps = sorted(series)
+        return [(steps[i], statistics.fmean(series[s] for s in steps[i : i + w])) for i in range(len(steps) - w + 1)]
+
+    entropy, reward = windows("actor/entropy"), windows("critic/score/mean")
+    lows = [mean for start, mean in entropy if start > GATE["after"]]
+    rise = entropy[-1][1] - min(lows) if lows else math.nan
+    drop = max(m for _, m in reward) - reward[-1][1] if reward else math.nan
+    spikes = sum(v > GATE["grad_norm"] for v in metrics.get("actor/grad_norm", {}).values())
+    rise_gate = bool(lows) and rise >= GATE["rise"] and rise >= GATE["rise_share"] * min(lows)
+    return {
+        "entropy_rise": rise,
+        "lowest_entropy": min(lows) if lows else math.nan,
+        "grad_spikes": spikes,
+        "reward_drop": drop,
+        "unstable": rise_gate or spikes >= GATE["grad_steps"] or (bool(reward) and drop >= GATE["drop"]),
+    }
+
+
+def stability_rows(runs: Runs) -> list[dict[str, str]]:
+    """One row per run: :func:`stability`'s numbers and verdict (docs/experiments.md section 10)."""
+    rows = []
+    for method in _ordered(runs):
+        for seed in sorted(runs[method]):
+            gate = stability(runs[method][seed])
+            rows.append(
+                {
+                    "run": f"{method}-s{seed}",
+                    "entropy rise R": f"{gate['entropy_rise']:.4g}",
+                    "lowest 10-step entropy": f"{gate['lowest_entropy']:.4g}",
+                    "grad norm > 2 (steps)": str(gate["grad_spikes"]),
+                    "reward drop": f"{gate['reward_drop']:.4g}",
+                    "unstable": "yes" if gate["unstable"] else "no",
+                }
+            )
+    return rows
+
+
 def to_markdown(rows: Sequence[dict[str, str]]) -> str:
     """The rows as a Markdown table."""
     columns = list(rows[0])
@@ -312,6 +368,7 @@ def summarize(folder: Path, plots: Path | None) -> str:
     pairs = paired_rows(runs)
     table = to_markdown(summary_rows(runs)) + ("\n" + to_markdown(pairs) if pairs else "")
     write_atomic(folder / "summary.md", table)
+    write_atomic(folder / "stability.md", to_markdown(stability_rows(runs)))
     if plots is not None:
         try:
             written, _ = plot_runs({m: list(seeds.values()) for m, seeds in runs.items()}, plots)
