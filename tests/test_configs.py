@@ -9,6 +9,7 @@ from dataclasses import fields
 
 import pytest
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 from verl.utils.config import omega_conf_to_dataclass
 
 from stapo.config import CONFIG_DIR, StapoConfig, StapoConfigError, methods, sizes, title
@@ -234,3 +235,40 @@ def test_a_yaml_typo_in_a_config_is_named_by_file_line_and_column(tmp_path):
     stapo_yaml.write_text(stapo_yaml.read_text().replace("  mask: s2t", "  mask: [s2t"))
     (problem,) = yaml_problems(tmp_path / "configs")
     assert problem.startswith(f"{stapo_yaml}, line ") and ", column " in problem and "a YAML syntax error" in problem
+
+
+def test_determinism_full_reaches_every_flag_and_verls_environment(monkeypatch):
+    """``determinism=full`` turns on verl's flags in the rollout and both FSDP engines, as verl's own config classes
+    read them, and verl's main_ppo then sets the processes' environment before Ray starts (run here up to
+    ``ray.init``, which is stopped: no cluster is needed to see it); a subset of the flags is refused in one line."""
+    from verl.trainer import main_ppo
+
+    cfg = load("stapo", "determinism=full")
+    validate(cfg, environment=False)
+    for key in preflight.DETERMINISM:
+        assert OmegaConf.select(cfg, key) is True, key
+    assert omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout).full_determinism
+    assert omega_conf_to_dataclass(cfg.actor_rollout_ref.actor).fsdp_config.full_determinism
+    assert not any(OmegaConf.select(load("stapo"), key) for key in preflight.DETERMINISM)  # off by default
+
+    class Stop(Exception):
+        pass
+
+    def stop(**kwargs):
+        raise Stop
+
+    for name in ("VERL_FULL_DETERMINISM", "VLLM_BATCH_INVARIANT", "PYTHONHASHSEED"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(main_ppo.ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(main_ppo.ray, "init", stop)
+    with pytest.raises(Stop):
+        main_ppo.run_ppo(cfg, task_runner_class=main_ppo.TaskRunnerV1)
+    assert os.environ["VERL_FULL_DETERMINISM"] == "1" and os.environ["VLLM_BATCH_INVARIANT"] == "1"
+    assert os.environ["PYTHONHASHSEED"] == str(cfg.actor_rollout_ref.rollout.seed)
+
+    partial = load("stapo", "actor_rollout_ref.rollout.full_determinism=true")
+    with pytest.raises(ConfigError) as refused:
+        validate(partial, environment=False)
+    (line,) = str(refused.value).splitlines()
+    assert line.startswith("determinism is partial (actor_rollout_ref.rollout.full_determinism=true, ")
+    assert "set determinism=full" in line

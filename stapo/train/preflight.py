@@ -296,12 +296,29 @@ def count_problems(config: DictConfig) -> list[str]:
     return found
 
 
+DETERMINISM = (
+    "actor_rollout_ref.rollout.full_determinism",
+    "actor_rollout_ref.actor.fsdp_config.full_determinism",
+    "actor_rollout_ref.ref.fsdp_config.full_determinism",
+)
+"""verl 0.9.1's determinism flags on the recipe's path, which ``determinism=full`` (configs/determinism/full.yaml)
+turns on together."""
+
+
 def config_problems(config: DictConfig) -> list[str]:
-    """Attention settings that cannot work (after :func:`resolve_auto`); one line each."""
+    """Settings that cannot work together: a partial determinism, and the attention settings (after
+    :func:`resolve_auto`); one line each."""
+    found = []
+    flags = {key: bool(OmegaConf.select(config, key)) for key in DETERMINISM}
+    if any(flags.values()) and not all(flags.values()):
+        state = ", ".join(f"{key}={str(on).lower()}" for key, on in flags.items())
+        found.append(
+            f"determinism is partial ({state}): two runs compute the same numbers only with all of them on; set "
+            "determinism=full (or determinism=none)"
+        )
     model = config.actor_rollout_ref.model
     implementation = model.override_config.get("attn_implementation")
     key = "actor_rollout_ref.model.override_config.attn_implementation"
-    found = []
     if implementation == "flash_attention_2" and not attention.flash_attn_installed():
         found.append(
             f"{key}=flash_attention_2 but flash-attn is not installed: `pip install flash-attn --no-build-isolation` "
