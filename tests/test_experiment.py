@@ -14,6 +14,7 @@ import statistics
 import subprocess
 import sys
 
+import pyarrow.parquet as pq
 import pytest
 import ray
 from hydra import compose, initialize_config_dir
@@ -553,3 +554,44 @@ def test_the_stability_gate_calls_an_explosion_unstable_and_a_collapse_stable(tm
     ex.summarize(tmp_path, None)
     rows = parse_table((tmp_path / "stability.md").read_text())
     assert rows["justrl-s0"]["unstable"] == "no" and rows["justrl-s0"]["grad norm > 2 (steps)"] == "0"
+
+
+def test_the_ladder_is_a_grid_of_learning_rates_and_temperatures(tmp_path):
+    """``--lrs`` and ``--temperatures`` (docs/experiments.md section 10's ladder): every method and seed in every
+    cell, seed-major, each cell's settings in its runs' overrides and name; an override of a gridded key is refused."""
+    runs = ex.plan(["justrl"], [0, 1], lrs=[1e-5, 3e-5], temperatures=[1.0, 1.2])
+    assert [r.name for r in runs[:4]] == ["justrl_lr1e-05_T1-s0", "justrl_lr1e-05_T1.2-s0", "justrl_lr3e-05_T1-s0",
+                                          "justrl_lr3e-05_T1.2-s0"]  # fmt: skip
+    assert len(runs) == 8 and len({r.name for r in runs}) == 8
+    args = ex.build_parser().parse_args(["run", "--out", str(tmp_path), "--lrs", "1e-5", "--temperatures", "1.2"])
+    overrides = ex.run_overrides(runs[1], tmp_path / "model", ex.task_paths(tmp_path), args)
+    assert "actor_rollout_ref.actor.optim.lr=1e-05" in overrides
+    assert "actor_rollout_ref.rollout.temperature=1.2" in overrides
+    bad = [
+        "run",
+        "--out",
+        str(tmp_path / "x"),
+        "--temperatures",
+        "1.2",
+        "--",
+        "actor_rollout_ref.rollout.temperature=2",
+    ]
+    with pytest.raises(SystemExit, match="--lrs or --temperatures sets it for each run"):
+        ex.check_run_args(ex.build_parser().parse_args(bad))
+    with pytest.raises(SystemExit, match="--temperatures 1.0 1.0: distinct positive numbers"):
+        ex.check_run_args(
+            ex.build_parser().parse_args(["run", "--out", str(tmp_path / "x"), "--temperatures", "1", "1"])
+        )
+    assert ex.plan(["justrl", "stapo"], [0]) == [ex.Run("justrl", 0), ex.Run("stapo", 0)]  # no grid: as before
+
+
+def test_a_word_task_mixes_levels_in_turn(tmp_path):
+    from stapo.quickstart import task
+
+    task.main(["word", "--difficulty", "2", "3", "4", "--out", str(tmp_path / "mixed"), "--train", "30", "--val", "6"])
+    rows = pq.read_table(tmp_path / "mixed" / "train.parquet").to_pylist()
+    steps = [row["reward_model"]["ground_truth"] for row in rows]
+    assert len(rows) == 30 and len(set(steps)) > 1
+    splits = task.generate_word(seed=0, n_train=9, n_val=3, difficulty=[2, 3, 4])
+    counts = [p.solution.count("=") for p in splits["train"][:3]]
+    assert counts == [1, 2, 2]  # level 2 has one step, levels 3 and 4 two (tests/test_quickstart.py)

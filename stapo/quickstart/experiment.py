@@ -102,18 +102,32 @@ class Run:
     method: str
     seed: int
     lr: float | None = None
-    """The actor's learning rate where it differs from the experiment's (a run of the learning-rate sweep)."""
+    """The actor's learning rate where it differs from the experiment's (a sweep run, or a cell of ``--lrs``)."""
+    temperature: float | None = None
+    """The rollout's temperature where it differs from the experiment's (a cell of ``--temperatures``)."""
 
     @property
     def name(self) -> str:
-        """``METHOD-sSEED``, or ``METHOD_lrLR-sSEED`` for a sweep run (its own row in the summary)."""
-        return f"{self.method}{'' if self.lr is None else f'_lr{self.lr:g}'}-s{self.seed}"
+        """``METHOD-sSEED``, with ``_lrLR`` and ``_TTEMPERATURE`` after the method where set (its own row in the
+        summary)."""
+        lr = "" if self.lr is None else f"_lr{self.lr:g}"
+        temperature = "" if self.temperature is None else f"_T{self.temperature:g}"
+        return f"{self.method}{lr}{temperature}-s{self.seed}"
 
 
-def plan(method_names: Sequence[str], seeds: Sequence[int], sweep_lrs: Sequence[float] = ()) -> list[Run]:
+def plan(
+    method_names: Sequence[str],
+    seeds: Sequence[int],
+    sweep_lrs: Sequence[float] = (),
+    lrs: Sequence[float] = (),
+    temperatures: Sequence[float] = (),
+) -> list[Run]:
     """Every (method, seed), seed-major: the runs start in this order, so that every method has as many finished
-    seeds as the others at any time; then the first method and seed at each learning rate of ``sweep_lrs``."""
-    grid = [Run(method, seed) for seed in seeds for method in method_names]
+    seeds as the others at any time; with ``lrs`` and ``temperatures``, every cell of those too (a grid, e.g. the
+    ladder of docs/experiments.md section 10); then the first method and seed at each learning rate of
+    ``sweep_lrs``."""
+    cells = [(lr, t) for lr in (lrs or [None]) for t in (temperatures or [None])]
+    grid = [Run(method, seed, lr, t) for seed in seeds for lr, t in cells for method in method_names]
     return grid + [Run(method_names[0], seeds[0], lr) for lr in sweep_lrs]
 
 
@@ -152,6 +166,7 @@ def run_overrides(run: Run, warm: Path, paths: dict[str, Path], args: argparse.N
         "stapo.q": args.q,
         **dict(override.split("=", 1) for override in args.overrides),
         **({} if run.lr is None else {"actor_rollout_ref.actor.optim.lr": run.lr}),
+        **({} if run.temperature is None else {"actor_rollout_ref.rollout.temperature": run.temperature}),
     }
     return replace_overrides(train_overrides(run.method, warm, paths, args.steps, out, args.tau_p), changes)
 
@@ -419,6 +434,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="also run the first method and seed at each of these learning rates, beside the grid (a learning-rate "
         "sweep in the same launch: one Ray job numbering, so no run shares another's weight-transfer socket)",
     )
+    run.add_argument(
+        "--lrs", nargs="+", type=float, default=[], metavar="LR",
+        help="a grid dimension: every method and seed at each of these learning rates",
+    )  # fmt: skip
+    run.add_argument(
+        "--temperatures", nargs="+", type=float, default=[], metavar="T",
+        help="a grid dimension: every method and seed at each of these rollout temperatures (validation keeps its own)",
+    )  # fmt: skip
     run.add_argument("--steps", type=int, default=150, help="RL steps per run")
     run.add_argument(
         "--prompts",
@@ -451,8 +474,16 @@ def check_run_args(args: argparse.Namespace) -> list[str]:
         raise SystemExit(f"error: --methods: unknown {', '.join(unknown)}; choose from {', '.join(methods())}")
     if len(set(args.methods)) < len(args.methods) or len(set(args.seeds)) < len(args.seeds):
         raise SystemExit("error: --methods and --seeds must not repeat a value")
-    if len(set(args.sweep_lrs)) < len(args.sweep_lrs) or not all(lr > 0 for lr in args.sweep_lrs):
-        raise SystemExit(f"error: --sweep-lrs {args.sweep_lrs}: distinct positive learning rates")
+    for name in ("sweep_lrs", "lrs", "temperatures"):
+        values = getattr(args, name)
+        if len(set(values)) < len(values) or not all(v > 0 for v in values):
+            raise SystemExit(
+                f"error: --{name.replace('_', '-')} {' '.join(map(str, values))}: distinct positive numbers"
+            )
+    gridded = {"actor_rollout_ref.actor.optim.lr": args.lrs, "actor_rollout_ref.rollout.temperature": args.temperatures}
+    for override in args.overrides:
+        if gridded.get(override.split("=", 1)[0].lstrip("+~")):
+            raise SystemExit(f"error: override {override}: --lrs or --temperatures sets it for each run")
     for name in ("steps", "test_freq", "val_n", "runs_per_gpu"):
         if getattr(args, name) < 1:
             raise SystemExit(f"error: --{name.replace('_', '-')}={getattr(args, name)}: must be a positive integer")
@@ -680,7 +711,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     def command(run: Run) -> list:
         return [*TRAINER, f"--config-name={run.method}", *run_overrides(run, folder, paths, args)]
 
-    codes = launch(plan(args.methods, args.seeds, args.sweep_lrs), command, gpus, args.out, 60 * args.stall_minutes)
+    runs = plan(args.methods, args.seeds, args.sweep_lrs, args.lrs, args.temperatures)
+    codes = launch(runs, command, gpus, args.out, 60 * args.stall_minutes)
     print(summarize(args.out, args.out / "plots"))
     failed = sorted(name for name, code in codes.items() if code)
     if failed:

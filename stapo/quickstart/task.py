@@ -128,9 +128,11 @@ def distinct_word_problems(seed: int, levels: list[int], count: int, exclude=fro
     return problems
 
 
-def generate_word(seed: int = 0, n_train: int = 2000, n_val: int = 500, difficulty: int = 2) -> dict:
-    """Disjoint ``train`` and ``validation`` splits of distinct ``word`` problems (no question text in both)."""
-    problems = distinct_word_problems(seed, [difficulty], n_train + n_val)
+def generate_word(seed: int = 0, n_train: int = 2000, n_val: int = 500, difficulty: int | list[int] = 2) -> dict:
+    """Disjoint ``train`` and ``validation`` splits of distinct ``word`` problems (no question text in both), of one
+    level or of several in turn (a task that does not saturate as fast as one easy level)."""
+    levels = difficulty if isinstance(difficulty, list) else [difficulty]
+    problems = distinct_word_problems(seed, levels, n_train + n_val)
     if len(problems) < n_train + n_val:
         raise ValueError(
             f"difficulty {difficulty} gave {len(problems)} distinct problems, fewer than {n_train} + {n_val}"
@@ -180,7 +182,10 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m stapo.quickstart.task", description=main.__doc__.split(":")[0])
     parser.add_argument("task", choices=("arith", "word"))
     parser.add_argument("--out", type=Path, required=True, help="folder for train.parquet and validation.parquet")
-    parser.add_argument("--difficulty", type=int, default=2, choices=sorted(WORD_LEVELS), help="word task only")
+    parser.add_argument(
+        "--difficulty", type=int, nargs="+", default=[2], choices=sorted(WORD_LEVELS),
+        help="word task only: one level, or several mixed in turn",
+    )  # fmt: skip
     parser.add_argument("--train", type=int, default=2000)
     parser.add_argument("--val", type=int, default=500)
     parser.add_argument("--seed", type=int, default=0)
