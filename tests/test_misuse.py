@@ -146,6 +146,9 @@ ENTRIES = {
         kinds={"--shape": "text", "--device": "text"},
     ),
     "stapo.checks.scale summary": Entry(("summary", "{A}/metrics.jsonl")),
+    "stapo.checks.reproduce compare": Entry(
+        ("compare", "{A}/metrics.jsonl", "{A}/metrics.jsonl", "--out", "{W}/table.md"), kinds={"--steps": "text"}
+    ),
     "stapo.train.clusters wait": Entry(
         ("wait", "127.0.0.1:6390", "5", "node1"),
         work=("stapo.train.clusters:wait_for_nodes",),

@@ -1,0 +1,102 @@
+"""Do two training runs compute the same numbers? A step-by-step comparison of their metrics (issue 40).
+
+    python -m stapo.checks.reproduce compare RUN_A RUN_B [--steps 4-6] [--out TABLE.md]
+
+``RUN_A`` and ``RUN_B`` are what :func:`stapo.tools.report.read_metrics` reads (verl's file-logger JSONL with the
+segments a resumed run set aside, a console log, or a TensorBoard folder): the same command twice with
+``determinism=full``, or a run against the same run killed after a checkpoint and resumed (``--steps`` then names the
+steps after the checkpoint). For each of :data:`KEYS` the table shows both values at every step both logged and the
+largest absolute difference; the verdict says whether every value is equal to the bit. The exit code is 0 when they
+are, 1 when they differ (for scripts), 2 on bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+from stapo.tools.io import output_problem, write_atomic
+from stapo.tools.report import ReportError, read_metrics
+
+KEYS = (
+    "critic/score/mean",
+    "actor/entropy",
+    "actor/pg_loss",
+    "actor/grad_norm",
+    "response_length/mean",
+    "s2t/pos_adv_tokens",
+    "s2t/candidate_tokens",
+    "s2t/spurious_tokens",
+    "stapo/masked_tokens",
+    "timing_s/step",
+)
+"""What two runs of one command must share, step by step (the step time is shown, never compared)."""
+TIMING = "timing_s/step"
+
+
+def parse_steps(text: str | None) -> range | None:
+    """``"4-6"`` -> steps 4 to 6; None for all."""
+    if text is None:
+        return None
+    match = re.fullmatch(r"(\d+)-(\d+)", text)
+    if not match or int(match[1]) > int(match[2]) or int(match[1]) < 1:
+        raise ReportError(f"--steps {text}: give FIRST-LAST, e.g. 4-6")
+    return range(int(match[1]), int(match[2]) + 1)
+
+
+def compare(a: dict[str, dict[int, float]], b: dict[str, dict[int, float]], steps: range | None = None) -> dict:
+    """Per key of :data:`KEYS` that either run logged: ``rows`` (step, A, B) at the steps both logged (within
+    ``steps``), the largest absolute difference, and whether all values are bitwise equal (NaN equals NaN)."""
+    result = {}
+    for key in KEYS:
+        if key not in a and key not in b:
+            continue
+        shared = sorted(set(a.get(key, {})) & set(b.get(key, {})))
+        shared = [s for s in shared if steps is None or s in steps]
+        rows = [(s, a[key][s], b[key][s]) for s in shared]
+        same = bool(rows) and all(x == y or (math.isnan(x) and math.isnan(y)) for _, x, y in rows)
+        gaps = [abs(x - y) for _, x, y in rows if not (math.isnan(x) or math.isnan(y))]
+        result[key] = {"rows": rows, "max_diff": max(gaps, default=math.nan), "equal": same}
+    return result
+
+
+def to_markdown(result: dict, names: tuple[str, str]) -> str:
+    """A table per key and the verdict (the step time is not part of it)."""
+    lines = [f"| metric | step | {names[0]} | {names[1]} |", "|---|---:|---:|---:|"]
+    for key, found in result.items():
+        lines += [f"| {key} | {step} | {x:.10g} | {y:.10g} |" for step, x, y in found["rows"]]
+    compared = {k: v for k, v in result.items() if k != TIMING}
+    differ = [f"{k} (max |diff| {v['max_diff']:.3g})" for k, v in compared.items() if not v["equal"]]
+    verdict = "identical to the bit" if compared and not differ else "differ: " + ", ".join(differ or ["no metric"])
+    return "\n".join(lines) + f"\n\nverdict: {verdict}\n"
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m stapo.checks.reproduce", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    pair = commands.add_parser("compare", help="two runs' metrics, step by step")
+    pair.add_argument("runs", type=Path, nargs=2, metavar="RUN", help="metrics of each run (JSONL, log or TB folder)")
+    pair.add_argument("--steps", help="FIRST-LAST: compare only these steps (after a resume's checkpoint)")
+    pair.add_argument("--out", type=Path, help="write the table here too")
+    args = parser.parse_args(argv)
+    try:
+        if args.out is not None and (problem := output_problem(args.out, "file")):
+            raise ReportError(problem)
+        steps = parse_steps(args.steps)
+        result = compare(*(read_metrics(path) for path in args.runs), steps)
+        if not result:
+            raise ReportError(f"neither run logged any of {', '.join(KEYS)}")
+    except ReportError as error:
+        parser.exit(2, f"error: {error}\n")
+    table = to_markdown(result, tuple(str(path) for path in args.runs))
+    if args.out is not None:
+        write_atomic(args.out, table)
+    print(table, end="")
+    raise SystemExit(0 if table.endswith("identical to the bit\n") else 1)
+
+
+if __name__ == "__main__":
+    main()
