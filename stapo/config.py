@@ -47,6 +47,12 @@ and the cost model (:mod:`stapo.tools.cost`)."""
 
 TRAINER_MODE = "stapo_sync"
 """verl V1 trainer mode of every recipe config (:class:`stapo.train.trainer.STAPOTrainer`)."""
+TRAINER_MODES = {
+    "stapo_sync": "sync",
+    "stapo_colocate_async": "colocate_async",
+    "stapo_separate_async": "separate_async",
+}
+"""The recipe's trainer modes (``trainer.v1.trainer_mode``) -> the verl 0.9.1 mode each extends with the mask."""
 
 
 @functools.cache

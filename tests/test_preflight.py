@@ -186,3 +186,26 @@ def test_the_entry_point_prints_one_line_per_problem_and_stops(files):
         "error: stapo.q=2 is out of range; it must be a number in [0, 1] (paper: 0.75)"
     )
     assert "All configuration checks passed" not in out.stdout + out.stderr  # stops before verl's checks
+
+
+def test_the_asynchronous_modes_are_checked_before_ray():
+    """``stapo_separate_async``: verl 0.9.1 asserts its conditions only once the task runner builds the trainer (after
+    Ray and the workers started); the preflight names each first, and counts the rollout's own GPUs. verl's bypass
+    mode (no old-policy entropies) is refused with the driver's mask; ``stapo_colocate_async`` needs nothing more."""
+    from stapo.train.main import ConfigError, validate
+
+    assert validate(load("trainer.v1.trainer_mode=stapo_colocate_async"), environment=False).mask == "s2t"
+    with pytest.raises(ConfigError) as refused:
+        validate(load("trainer.v1.trainer_mode=stapo_separate_async"), environment=False)
+    lines = str(refused.value).splitlines()
+    assert len(lines) == 2 and lines[0].startswith("actor_rollout_ref.rollout.nnodes=0: separate_async generates")
+    assert lines[1].startswith("actor_rollout_ref.rollout.checkpoint_engine.backend=naive")  # 256 = 4 x 64 fits
+    fixed = ["trainer.v1.trainer_mode=stapo_separate_async", "actor_rollout_ref.rollout.nnodes=1"]
+    fixed += ["actor_rollout_ref.rollout.n_gpus_per_node=2", "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl"]
+    validate(load(*fixed), environment=False)
+    with pytest.raises(ConfigError, match="data.train_batch_size=128: separate_async trains a batch as"):
+        validate(load(*fixed, "data.train_batch_size=128"), environment=False)
+    gpus = preflight._gpu_problems(load(*fixed, "trainer.n_gpus_per_node=1"))
+    assert gpus and "+ actor_rollout_ref.rollout.n_gpus_per_node=2 x nnodes=1" in gpus[0] and "needs 3 GPUs" in gpus[0]
+    with pytest.raises(ConfigError, match="bypass_mode=True: verl then takes the rollout's log-probs as π_old"):
+        validate(load("algorithm.rollout_correction.bypass_mode=True"), environment=False)

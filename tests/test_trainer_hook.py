@@ -424,3 +424,51 @@ def test_the_file_loggers_earlier_steps_are_kept(tmp_path, monkeypatch, resumed)
     else:
         assert read_metrics(path)["stapo/masked_frac"] == {1: 0.01}
         assert read_metrics(tmp_path / "metrics.previous-1.jsonl")["stapo/masked_frac"] == {1: 0.1, 2: 0.2, 3: 0.3}
+
+
+ASYNC = {"stapo_colocate_async": "colocate_async", "stapo_separate_async": "separate_async"}
+
+
+@pytest.mark.parametrize("mode", ASYNC)
+def test_the_asynchronous_modes_are_verls_trainers_with_the_same_mask(transfer_queue, mode):
+    """``stapo_colocate_async`` and ``stapo_separate_async``: verl's own trainer of each mode (its class, its replay
+    buffer, its settings section), registered where verl looks trainers up, and the same mask in the update: on the
+    same batch the workers train on exactly what ``stapo_sync``'s would."""
+    from verl.trainer.ppo.v1.replay_buffer import ReplayBufferAsync
+    from verl.trainer.ppo.v1.trainer_base import get_trainer_cls
+
+    from stapo.train.trainer import STAPOColocateAsyncTrainer, STAPOSeparateAsyncTrainer
+
+    cls = get_trainer_cls(mode)
+    verl_cls = get_trainer_cls(ASYNC[mode])
+    assert cls in (STAPOColocateAsyncTrainer, STAPOSeparateAsyncTrainer) and issubclass(cls, verl_cls)
+    section = f"trainer.v1.{ASYNC[mode]}"
+    config = compose(f"trainer.v1.trainer_mode={mode}", f"{section}.num_warmup_batches=3")
+    if mode == "stapo_separate_async":  # verl's conditions (stapo.train.preflight.separate_async_problems)
+        config = compose(f"trainer.v1.trainer_mode={mode}", f"{section}.num_warmup_batches=3",
+                         f"data.train_batch_size={4 * MINI_PROMPTS}", "actor_rollout_ref.rollout.nnodes=1",
+                         "actor_rollout_ref.rollout.n_gpus_per_node=1",
+                         "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl")  # fmt: skip
+    validate_training_config(config)
+    trainer = cls(config)  # builds no workers: those come with _setup
+    assert trainer.trainer_mode == ASYNC[mode] and isinstance(trainer.replay_buffer, ReplayBufferAsync)
+    assert trainer.replay_buffer.trainer_config.num_warmup_batches == 3  # verl's own section of the mode was read
+    assert trainer.parameter_sync_step == (4 if mode == "stapo_separate_async" else 1)
+
+    seen = {}
+    for name, trainer_cls in (("sync", STAPOTrainer), ("async", cls)):
+        wg = StandInActorWorkerGroup()
+        trainer = trainer_cls.__new__(trainer_cls)  # as make_trainer: no workers
+        trainer.config, trainer.stapo, trainer.actor_rollout_wg, trainer.global_steps = config, trainer_stapo(), wg, 1
+        metrics = {}
+        trainer._update_actor(put_batch(seed=7), metrics)
+        seen[name] = (
+            [[pad_to(p["response_mask"]) for p in parts] for parts in wg.seen],
+            metrics["stapo/masked_tokens"],
+        )
+    assert seen["sync"][1] == seen["async"][1] > 0
+    assert all(torch.equal(a, b) for pa, pb in zip(seen["sync"][0], seen["async"][0]) for a, b in zip(pa, pb))
+
+
+def trainer_stapo():
+    return validate_training_config(compose())

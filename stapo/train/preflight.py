@@ -20,7 +20,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from stapo.config import TRAINER_MODE, StapoConfig, StapoConfigError
+from stapo.config import TRAINER_MODE, TRAINER_MODES, StapoConfig, StapoConfigError
 from stapo.tools.io import DataFileError, model_folder_problems, parquet_columns
 from stapo.train import attention
 
@@ -47,11 +47,20 @@ def validate_training_config(config: DictConfig) -> StapoConfig:
             "trainer.use_v1=False: the STAPO mask and metrics are implemented for verl's V1 trainer only; set "
             "trainer.use_v1=True"
         )
-    if trainer.v1.trainer_mode != TRAINER_MODE:
+    if trainer.v1.trainer_mode not in TRAINER_MODES:
         needs = f"stapo.mask={stapo.mask}" if stapo.active else "stapo.metrics=true"
+        modes = " or ".join(TRAINER_MODES)
         raise StapoConfigError(
-            f"trainer.v1.trainer_mode={trainer.v1.trainer_mode!r}: {needs} needs trainer.v1.trainer_mode="
-            f"{TRAINER_MODE} (verl's stock trainers would silently skip it; set stapo.metrics=false for a stock run)"
+            f"trainer.v1.trainer_mode={trainer.v1.trainer_mode!r}: {needs} needs trainer.v1.trainer_mode={modes} "
+            f"({TRAINER_MODE}: the paper's; verl's stock trainers would silently skip it; set stapo.metrics=false for "
+            "a stock run)"
+        )
+    bypass = (config.algorithm.get("rollout_correction") or {}).get("bypass_mode", False)
+    if bypass and stapo.policy_source == "old" and (stapo.active or stapo.metrics):
+        raise StapoConfigError(
+            "algorithm.rollout_correction.bypass_mode=True: verl then takes the rollout's log-probs as π_old and "
+            "computes no old-policy entropies, which the mask and the s2t/* metrics read; set bypass_mode=False, or "
+            "stapo.policy_source=current (with stapo.metrics=false)"
         )
     if stapo.active and stapo.policy_source == "current" and not actor.calculate_entropy:
         raise StapoConfigError(
@@ -103,6 +112,10 @@ def _gpu_problems(config: DictConfig) -> list[str]:
     where = f"trainer.n_gpus_per_node={trainer.n_gpus_per_node} x trainer.nnodes={trainer.nnodes}"
     if needed < 1:  # verl would wait for a resource pool that never forms
         return [f"{where}: a run needs at least one GPU on at least one node; set both to 1 or more"]
+    if TRAINER_MODES.get(trainer.v1.trainer_mode) == "separate_async":  # the rollout's own GPUs come on top
+        rollout = config.actor_rollout_ref.rollout
+        needed += rollout.n_gpus_per_node * rollout.nnodes
+        where += f" + actor_rollout_ref.rollout.n_gpus_per_node={rollout.n_gpus_per_node} x nnodes={rollout.nnodes}"
     address = os.environ.get("RAY_ADDRESS") or config.get("ray_kwargs", {}).get("ray_init", {}).get("address")
     if address:
         if address.startswith(("http://", "https://")):
@@ -305,10 +318,37 @@ DETERMINISM = (
 turns on together."""
 
 
-def config_problems(config: DictConfig) -> list[str]:
-    """Settings that cannot work together: a partial determinism, and the attention settings (after
-    :func:`resolve_auto`); one line each."""
+def separate_async_problems(config: DictConfig) -> list[str]:
+    """verl 0.9.1's own conditions for ``separate_async`` (asserted in ``PPOTrainerSeparateAsync.__init__``, once Ray
+    and the task runner have started), checked here first; one line each."""
+    if TRAINER_MODES.get(config.trainer.v1.trainer_mode) != "separate_async":
+        return []
     found = []
+    rollout, sync = config.actor_rollout_ref.rollout, config.trainer.v1.separate_async.parameter_sync_step
+    mini = config.actor_rollout_ref.actor.ppo_mini_batch_size
+    if config.data.train_batch_size != sync * mini:
+        found.append(
+            f"data.train_batch_size={config.data.train_batch_size}: separate_async trains a batch as "
+            f"trainer.v1.separate_async.parameter_sync_step={sync} mini-batches of "
+            f"actor_rollout_ref.actor.ppo_mini_batch_size={mini}; make the batch their product"
+        )
+    if not (rollout.nnodes > 0 and rollout.n_gpus_per_node > 0):
+        found.append(
+            f"actor_rollout_ref.rollout.nnodes={rollout.nnodes}: separate_async generates on GPUs of its own; set "
+            "actor_rollout_ref.rollout.nnodes and n_gpus_per_node (e.g. 1 and 1 beside one trainer GPU)"
+        )
+    if rollout.checkpoint_engine.backend == "naive":
+        found.append(
+            "actor_rollout_ref.rollout.checkpoint_engine.backend=naive: separate_async sends the weights to GPUs of "
+            "their own; set it to nccl"
+        )
+    return found
+
+
+def config_problems(config: DictConfig) -> list[str]:
+    """Settings that cannot work together: a partial determinism, ``separate_async``'s conditions, and the attention
+    settings (after :func:`resolve_auto`); one line each."""
+    found = separate_async_problems(config)
     flags = {key: bool(OmegaConf.select(config, key)) for key in DETERMINISM}
     if any(flags.values()) and not all(flags.values()):
         state = ", ".join(f"{key}={str(on).lower()}" for key, on in flags.items())

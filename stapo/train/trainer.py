@@ -1,9 +1,14 @@
-"""verl V1 trainer mode ``stapo_sync``: verl's synchronous PPO trainer plus the STAPO (or 20-Entropy) mask.
+"""verl V1 trainer modes ``stapo_sync``, ``stapo_colocate_async`` and ``stapo_separate_async``: verl's trainers of
+those modes plus the STAPO (or 20-Entropy) mask (:class:`STAPOMixin`; ``stapo.config.TRAINER_MODES``).
 
-Every recipe config selects it (``trainer.v1.trainer_mode=stapo_sync``). verl 0.9.1 takes its asynchronous code
-paths (replay buffer, one-prompt dataloader fetches, TransferQueue in checkpoints) for any trainer mode not named
-``sync``, so this trainer declares itself ``sync`` to verl's base class (and has its replay buffer look for finished
-rollouts every :data:`POLL_INTERVAL_S`). Two additions to ``PPOTrainerSync``, and a resume check:
+Every recipe config selects ``stapo_sync`` (``trainer.v1.trainer_mode``), the paper's setting. verl 0.9.1 chooses its
+code paths (replay buffer, dataloader fetches, TransferQueue in checkpoints) and reads its settings
+(``trainer.v1.<mode>``) by the trainer mode's name, so each trainer declares verl's own name to verl's base class
+(the synchronous one also has its replay buffer look for finished rollouts every :data:`POLL_INTERVAL_S`). In the
+asynchronous modes the mask is built the same way, from the π_old that verl recomputed for the batch (its decoupled
+mode: the weights the batch is trained from; verl's bypass mode has no old-policy entropies and is refused with
+``policy_source: old``); the rollouts themselves may come from older weights, which verl's
+``training/off_policy/*`` metrics count per step. Two additions to verl's trainers, and a resume check:
 
 1. after the workers are built, the actor workers' loss becomes :func:`stapo.train.loss.stapo_loss` (verl's
    ``ppo_loss`` plus the mask of ``policy_source: current`` and an empty-mini-batch guard);
@@ -39,12 +44,14 @@ from tensordict import TensorDict
 from transfer_queue import KVBatchMeta
 from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
 from verl.trainer.ppo.v1.trainer_base import register_trainer
+from verl.trainer.ppo.v1.trainer_colocate_async import PPOTrainerColocateAsync
+from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils import tensordict_utils as tu
 from verl.utils.config import omega_conf_to_dataclass
 
 from stapo.batch_mask import grad_bound_sums, mask_for_update
-from stapo.config import TRAINER_MODE
+from stapo.config import TRAINER_MODES
 from stapo.tools.io import set_aside
 from stapo.train import audit
 from stapo.train.loss import stapo_loss
@@ -130,21 +137,23 @@ def resume_position_problem(state: dict | None, global_steps: int, steps_per_epo
     return None
 
 
-@register_trainer(TRAINER_MODE)
-class STAPOTrainer(PPOTrainerSync):
-    """``PPOTrainerSync`` with the STAPO mask; see the module docstring."""
+class STAPOMixin:
+    """The STAPO mask and metrics on one of verl's V1 trainers (module docstring); ``VERL_MODE`` is that trainer's
+    mode name."""
+
+    VERL_MODE: str
 
     def __init__(self, config):
         self.stapo = validate_training_config(config)
         super().__init__(config)
 
     def _build_replay_buffer(self):
-        # verl 0.9.1 tests for the literal name (module docstring); its base class read parameter_sync_step from
+        # verl 0.9.1 tests for its own mode names (module docstring); its base class read parameter_sync_step from
         # trainer.v1.<mode> just before this call
-        self.trainer_mode = "sync"
-        self.parameter_sync_step = self.config.trainer.v1.get("sync", {}).get("parameter_sync_step", 1)
+        self.trainer_mode = self.VERL_MODE
+        self.parameter_sync_step = self.config.trainer.v1.get(self.VERL_MODE, {}).get("parameter_sync_step", 1)
         buffer = super()._build_replay_buffer()
-        if type(buffer) is ReplayBuffer:  # verl's own (a custom sampler keeps its interval)
+        if type(buffer) is ReplayBuffer:  # verl's own synchronous one (a custom sampler keeps its interval)
             buffer.poll_interval = POLL_INTERVAL_S
         return buffer
 
@@ -301,3 +310,24 @@ class STAPOTrainer(PPOTrainerSync):
     @staticmethod
     def _put_masks(batch: KVBatchMeta, masks: TensorDict) -> None:
         tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=masks)
+
+
+@register_trainer("stapo_sync")
+class STAPOTrainer(STAPOMixin, PPOTrainerSync):
+    """``PPOTrainerSync`` with the STAPO mask (the paper's setting, every recipe config's default)."""
+
+    VERL_MODE = TRAINER_MODES["stapo_sync"]
+
+
+@register_trainer("stapo_colocate_async")
+class STAPOColocateAsyncTrainer(STAPOMixin, PPOTrainerColocateAsync):
+    """``PPOTrainerColocateAsync`` (rollout and training share GPUs, partial rollouts) with the STAPO mask."""
+
+    VERL_MODE = TRAINER_MODES["stapo_colocate_async"]
+
+
+@register_trainer("stapo_separate_async")
+class STAPOSeparateAsyncTrainer(STAPOMixin, PPOTrainerSeparateAsync):
+    """``PPOTrainerSeparateAsync`` (rollout on GPUs of its own, ``parameter_sync_step``) with the STAPO mask."""
+
+    VERL_MODE = TRAINER_MODES["stapo_separate_async"]

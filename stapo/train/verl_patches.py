@@ -49,9 +49,9 @@ WORKAROUNDS = (
         "verl imports quietly (test_newcomer's one-line test passes without it)",
     ),
     Workaround(
-        "stapo.train.trainer:STAPOTrainer._build_replay_buffer",
-        "verl 0.9.1 takes its asynchronous code paths for any trainer mode not literally named 'sync' "
-        "(trainer_base compares the name); a registered trainer mode must declare itself 'sync'",
+        "stapo.train.trainer:STAPOMixin._build_replay_buffer",
+        "verl 0.9.1 chooses its code paths and reads trainer.v1.<mode> by the trainer mode's literal name "
+        "(trainer_base compares it with 'sync'); a registered trainer mode must declare verl's own name",
         "verl keys the synchronous path on the trainer class or a flag, not the mode's name",
     ),
     Workaround(
