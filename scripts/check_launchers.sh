@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
 # End-to-end check of the two cluster launchers on this one machine, without GPUs (run as root on Debian):
-#   bash scripts/check_launchers.sh [--yes]      (--help: what it does and changes)
+#   bash scripts/check_launchers.sh [--yes] [--image DIR]      (--help: what it does and changes)
 # (a) a local Ray head (`ray start --head`): scripts/ray_job.sh submits a run that must reach the training's
 #     preflight inside the cluster ("needs N GPUs; the Ray cluster at ... has 0"), and its error paths;
 # (b) a one-node Slurm (slurm-wlm and munge, installed with apt-get if missing; /etc/slurm/slurm.conf written for
 #     this machine if there is none): scripts/slurm.sbatch starts Ray, waits for the node, and reaches the same line;
 # (c) two Slurm nodes simulated on this machine (a second, private Slurm with two slurmd, Slurm's "multiple slurmd"):
-#     slurm.sbatch --nodes=2 starts Ray on both, waits for both, reaches the line with trainer.nnodes=2, stops Ray.
+#     slurm.sbatch --nodes=2 starts Ray on both, waits for both, reaches the line with trainer.nnodes=2, stops Ray;
+# (d) with --image: (c) again with STAPO_CONTAINER, Ray and the recipe in the recipe's image (Charliecloud's ch-run).
 # Tiny local data and model files stand in for the real ones, so that only the GPU check fails. Prints PASS/FAIL per
 # check, exits 1 on any failure; stops the Ray heads and the Slurm daemons it started and removes its files.
 usage() {
   cat <<'USAGE'
-usage: bash scripts/check_launchers.sh [--yes]
+usage: bash scripts/check_launchers.sh [--yes] [--image DIR]
 Checks scripts/ray_job.sh against a local Ray head and scripts/slurm.sbatch under a one-node Slurm, on this machine,
 without GPUs; prints PASS/FAIL per check and exits 1 on any failure.
 It changes the system (as root, on Debian): installs slurm-wlm and munge with apt-get if they are missing, writes
@@ -19,17 +20,25 @@ It changes the system (as root, on Debian): installs slurm-wlm and munge with ap
 and slurmd (those it started are stopped at the end; packages and files stay). For (c) it also starts a private
 two-node Slurm under /tmp (its own munged socket, ports and state; stopped and removed at the end). It lists these and
 asks first.
-  --yes      do not ask (CI, scripts)
-  -h, --help this text
+  --yes        do not ask (CI, scripts)
+  --image DIR  (d): slurm.sbatch on the two simulated nodes with STAPO_CONTAINER="ch-run ... DIR --", from a host PATH
+               without Ray; DIR is the recipe's image as a folder (docker/Dockerfile, unpacked: docs/container.md);
+               installs charliecloud-runtime with apt-get if ch-run is missing
+  -h, --help   this text
 USAGE
 }
-assume_yes=
-case "$#:${1-}" in
-  0:) ;;
-  1:--yes | 1:-y) assume_yes=1 ;;
-  1:-h | 1:--help) usage; exit 0 ;;
-  *) usage >&2; exit 2 ;;
-esac
+assume_yes= image=
+while [ $# -gt 0 ]; do
+  case $1 in
+    --yes | -y) assume_yes=1; shift ;;
+    --image) [ $# -ge 2 ] || { usage >&2; exit 2; }; image=$(realpath "$2"); shift 2 ;;
+    -h | --help) usage; exit 0 ;;
+    *) usage >&2; exit 2 ;;
+  esac
+done
+if [ -n "$image" ] && [ ! -x "$image/opt/stapo/venv/bin/python" ]; then
+  echo "error: --image $image is not the recipe's image as a folder (no /opt/stapo/venv/bin/python in it)" >&2; exit 2
+fi
 set -uo pipefail
 cd "$(dirname "$0")/.."
 [ -n "${VIRTUAL_ENV-}" ] || [ ! -f .venv/bin/activate ] || source .venv/bin/activate
@@ -159,6 +168,7 @@ system_changes() {  # what slurm_up will change on this machine, one line each (
   local name
   for name in munged slurmctld slurmd; do pgrep -x $name >/dev/null || echo "  start $name (stopped at the end)"; done
   echo "  for (c): start munged, slurmctld and two slurmd of a private Slurm under /tmp (stopped, removed at the end)"
+  [ -z "$image" ] || command -v ch-run >/dev/null || echo "  for (d): apt-get install charliecloud-runtime"
 }
 
 confirm_changes() {  # 0 if there is nothing to change, --yes was given, or the user agrees
@@ -296,6 +306,36 @@ grep -q "^stapo: Ray stopped on n1 n2" "$log" && ! grep -q "CANCELLED\|Killed" "
   [ -z "$(ours "/tmp/ray_$job/")" ]
 result $? "(c) Ray stopped on both nodes by SIGTERM (no step killed), none of its processes left"
 rm -rf "/tmp/ray_$job"; job=
+
+# --- (d) the same two nodes with Ray and the recipe in the recipe's image -----------------------------------------
+# ch-run (Charliecloud, Debian's charliecloud-runtime) shares the node's network, process ids and /tmp and passes the
+# environment, as Apptainer does; inside, PATH is the image's. The job gets a PATH without Ray or the recipe's venv,
+# so that each `ray start`, check and training that works ran in the image. ch-run 0.31 refuses to start without USER.
+if [ -n "$image" ]; then
+  command -v ch-run >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y charliecloud-runtime \
+    >"$tmp/apt-ch.log" 2>&1 || tail -5 "$tmp/apt-ch.log"
+  command -v ch-run >/dev/null
+  result $? "(d) ch-run installed: $(USER=${USER:-root} ch-run --version 2>&1)"
+  container="ch-run --set-env=PATH=/opt/stapo/venv/bin:/usr/bin:/bin $image --"
+  job=$(env -u VIRTUAL_ENV PATH=/usr/sbin:/usr/bin:/sbin:/bin USER="${USER:-root}" STAPO_CONTAINER="$container" \
+    SLURM_CONF=$sim/slurm.conf RAY_PORT=$(free_port) RAY_DASHBOARD_PORT=$(free_port) \
+    RAY_DASHBOARD_AGENT_PORT=$(free_port) timeout 600 sbatch --wait --parsable --nodes=2 --cpus-per-task=2 \
+    --gpus-per-node=0 --output="$tmp/img-%j.log" scripts/slurm.sbatch stapo qwen3_1.7b "${overrides[@]}" \
+    trainer.n_gpus_per_node=1)
+  rc=$?
+  log=$tmp/img-$job.log
+  ! PATH=/usr/sbin:/usr/bin:/sbin:/bin command -v ray >/dev/null && [ -s "$log" ] &&
+    grep -qF "stapo: in a container: $container" "$log" && grep -q "^stapo: Ray head up on n1" "$log"
+  result $? "(d) job $job (sbatch rc=$rc), no Ray on the job's PATH: the Ray head started in the image on n1"
+  grep -q "^stapo: Ray cluster at .*: all 2 node(s) joined: $(hostname -s)" "$log" && grep -Eq \
+    'error: trainer\.n_gpus_per_node=1 x trainer\.nnodes=2 needs 2 GPUs; the Ray cluster at [0-9.:]+ has 0' "$log" ||
+    { sed 's/^/  | /' "$log" | grep -v 'INFO\|^  | *$' | tail -20; false; }
+  result $? "(d) both nodes joined and the training in the image reached the preflight: $(grep -Eom1 "$needs" "$log")"
+  grep -q "^stapo: Ray stopped on n1 n2" "$log" && ! grep -q "CANCELLED\|Killed" "$log" &&
+    [ -z "$(ours "/tmp/ray_$job/")" ]
+  result $? "(d) Ray stopped on both nodes by SIGTERM, none of its processes left"
+  rm -rf "/tmp/ray_$job"; job=
+fi
 sim_down
 result $? "(c) the simulated Slurm's daemons are stopped and its files removed"
 

@@ -3,6 +3,10 @@
 #   RAY_ADDRESS=http://HEAD_IP:8265 bash scripts/ray_job.sh METHOD SIZE [HYDRA_OVERRIDE ...]
 # The job runs `python3 -m stapo.train` on the head, so every node needs this package installed (pip install -e .,
 # or the docker/Dockerfile image), not this checkout; relative paths in overrides resolve on the head.
+# With the image (docs/container.md): start Ray on each node inside it (`ray start` as the image's command, with the
+# host's network, or scripts/slurm.sbatch with STAPO_CONTAINER), and jobs run in it. This script runs from a checkout
+# with `ray` installed, or from the image itself (its WORKDIR is the checkout):
+#   docker run --rm --network host -e RAY_ADDRESS stapo-verl bash scripts/ray_job.sh METHOD SIZE
 # Auth: a head started with RAY_AUTH_MODE=disabled needs nothing here; one that uses Ray's token auth needs
 # RAY_AUTH_MODE=token here too, with the same token (~/.ray/auth_token, RAY_AUTH_TOKEN_PATH or RAY_AUTH_TOKEN).
 set -euo pipefail
