@@ -472,3 +472,21 @@ def test_the_asynchronous_modes_are_verls_trainers_with_the_same_mask(transfer_q
 
 def trainer_stapo():
     return validate_training_config(compose())
+
+
+def test_the_mismatch_diagnostic_never_stops_a_run(capsys):
+    """s2t/mismatch/* is a diagnostic: rollout log-probs in a layout it does not know give NaN and one warning, not a
+    failed step."""
+    from stapo.train.metrics import mismatch_metrics
+
+    rows = nested([torch.tensor([-7.0, -1.0]), torch.tensor([-8.0])])
+    adv, mask = (
+        nested([torch.ones(2), -torch.ones(1)]),
+        nested([torch.ones(2, dtype=torch.long)] * 1 + [torch.ones(1, dtype=torch.long)]),
+    )
+    same = mismatch_metrics(rows, nested([torch.tensor([-7.5, -1.0]), torch.tensor([-8.2])]), adv, mask, 0.002)
+    assert same["s2t/mismatch/candidate_logp"] == pytest.approx(0.5) and same[
+        "s2t/mismatch/other_logp"
+    ] == pytest.approx(0.1)
+    other = mismatch_metrics(rows, torch.zeros(4, 5), adv, mask, 0.002)
+    assert all(math.isnan(v) for v in other.values()) and "differ in layout" in capsys.readouterr().err

@@ -90,6 +90,14 @@ def mismatch_metrics(
     explanation of any effect of the mask (issue 39). Jagged or padded tensors of one layout; NaN over an empty set."""
     flat = [t.values() if t.is_nested else t.reshape(-1) for t in (old_log_probs, rollout_log_probs, advantages)]
     valid = (response_mask.values() if response_mask.is_nested else response_mask.reshape(-1)) != 0
+    if len({t.numel() for t in flat} | {valid.numel()}) > 1:  # a layout this diagnostic does not know: no crash
+        if "mismatch" not in _WARNED:
+            _WARNED.add("mismatch")
+            print("STAPO WARNING: rollout_log_probs and old_log_probs differ in layout; s2t/mismatch/* are NaN",
+                  file=sys.stderr, flush=True)  # fmt: skip
+        return dict.fromkeys(
+            ("s2t/mismatch/candidate_logp", "s2t/mismatch/other_logp", "s2t/mismatch/candidate_p"), math.nan
+        )
     old, rollout, adv = (t.double() for t in flat)
     candidates = valid & (adv > 0) & (old < math.log(tau_p))
     gap = (old - rollout).abs()
