@@ -470,6 +470,9 @@ def test_the_asynchronous_modes_are_verls_trainers_with_the_same_mask(transfer_q
     assert all(torch.equal(a, b) for pa, pb in zip(seen["sync"][0], seen["async"][0]) for a, b in zip(pa, pb))
 
 
+CURRENT = ["stapo.policy_source=current", "actor_rollout_ref.actor.calculate_entropy=True"]
+
+
 def trainer_stapo():
     return validate_training_config(compose())
 
@@ -490,3 +493,63 @@ def test_the_mismatch_diagnostic_never_stops_a_run(capsys):
     ] == pytest.approx(0.1)
     other = mismatch_metrics(rows, torch.zeros(4, 5), adv, mask, 0.002)
     assert all(math.isnan(v) for v in other.values()) and "differ in layout" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("mask", ["s2t", "baseline", "current"])
+def test_a_step_of_several_local_updates_logs_the_whole_steps_counts(transfer_queue, monkeypatch, mask):
+    """``separate_async`` with ``parameter_sync_step`` = 2: verl's own ``step`` runs two local updates, one half of the
+    batch each, and its ``MetricsAggregator`` averages their metrics. The mask's counts must add up over the step and
+    its shares be taken of the sums (what one update of the whole batch gives), for STAPO (``stapo/*`` and ``s2t/*``)
+    and for a baseline (``s2t/*`` observed only); with ``policy_source: current`` the workers' counts add up too.
+    Stand-ins: the body of verl's local update (``_step_once``: replay buffer, reward, old log-probs on GPUs) is the
+    actor update of a prepared half, and the GPU worker group is :class:`StandInActorWorkerGroup`."""
+    from stapo.train.trainer import STAPOSeparateAsyncTrainer
+
+    overrides = {"s2t": [], "baseline": ["stapo.mask=none"]}.get(mask, CURRENT)
+    config = compose(*overrides)
+    workers = {"update_metrics": {"stapo/masked_tokens": 3.0}} if mask == "current" else {}
+    halves = put_batch(seed=11).chunk(2)
+    alone = []
+    for half in halves:  # each half updated on its own, as a step of its own would log it
+        trainer = make_trainer(config, StandInActorWorkerGroup(**workers))
+        alone.append({})
+        trainer._update_actor(half, alone[-1])
+
+    def local_update(self, metrics, timing_raw, sample_batch_size):
+        return self._update_actor(halves[self.local_trigger_step], metrics)
+
+    monkeypatch.setattr(STAPOSeparateAsyncTrainer, "_step_once", local_update)
+    monkeypatch.setattr(STAPOSeparateAsyncTrainer, "prepare_step", lambda self: {})  # waits for rollouts
+    trainer = STAPOSeparateAsyncTrainer.__new__(STAPOSeparateAsyncTrainer)  # as make_trainer: no workers
+    trainer.config, trainer.stapo, trainer.global_steps = config, validate_training_config(config), 1
+    trainer.actor_rollout_wg, trainer.parameter_sync_step = StandInActorWorkerGroup(**workers), 2
+    metrics = {}
+    trainer.step(metrics, {})
+
+    counts = ["s2t/candidate_tokens", "s2t/spurious_tokens", "s2t/pos_adv_tokens"]
+    if mask == "s2t":
+        counts += ["stapo/masked_tokens", "stapo/candidate_tokens", "stapo/expected_masked_tokens"]
+    elif mask == "current":
+        counts.append("stapo/masked_tokens")  # the workers' 3 per mini-batch, two mini-batches per half
+        assert metrics["stapo/masked_tokens"] == 12
+    else:
+        assert not any(k.startswith("stapo/") for k in metrics)
+    for key in counts:
+        assert metrics[key] == alone[0][key] + alone[1][key], key
+    assert alone[0]["s2t/spurious_tokens"] != alone[1]["s2t/spurious_tokens"]  # verl's mean would differ from the sum
+    tokens = int(tq.kv_batch_get(keys=[k for h in halves for k in h.keys], partition_id="train")["response_mask"]
+                 .values().sum())  # fmt: skip
+    assert metrics["s2t/spurious_frac"] == pytest.approx(metrics["s2t/spurious_tokens"] / tokens)
+    assert metrics["s2t/silenced_share"] == pytest.approx(
+        metrics["s2t/spurious_tokens"] / metrics["s2t/candidate_tokens"]
+    )
+    assert metrics["s2t/grad_bound/spurious_share"] == pytest.approx(
+        sum(a["s2t/grad_bound/spurious_mean"] * a["s2t/spurious_tokens"] for a in alone)
+        / sum(a["s2t/grad_bound/spurious_mean"] * a["s2t/spurious_tokens"] / a["s2t/grad_bound/spurious_share"]
+              for a in alone)
+    )  # fmt: skip
+    if mask == "s2t":
+        assert metrics["stapo/masked_frac"] == pytest.approx(metrics["stapo/masked_tokens"] / tokens)
+        thresholds = [a["stapo/entropy_threshold"] for a in alone]
+        assert metrics["stapo/entropy_threshold"] == pytest.approx(sum(thresholds) / 2)
+    assert metrics["timing_s/stapo_mask"] == pytest.approx(sum(a["timing_s/stapo_mask"] for a in alone), rel=1)

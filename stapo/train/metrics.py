@@ -72,6 +72,43 @@ def s2t_metrics(stats: dict) -> dict[str, float]:
     }
 
 
+def step_metrics(updates: list[dict]) -> dict[str, float]:
+    """The ``stapo/*`` and ``s2t/*`` metrics of a step made of several local updates, as one update of the whole
+    batch would log them. ``updates``: per local update, the stats behind :func:`mask_metrics` (``"mask"``) and
+    :func:`s2t_metrics` (``"s2t"``), either absent when not computed, and the update's logged token counts
+    (``"counts"``, e.g. the workers' ``stapo/masked_tokens`` with ``policy_source: current``).
+
+    Why: with ``parameter_sync_step`` > 1 (``separate_async``) verl 0.9.1 runs that many local updates per step, one
+    mini-batch each, and its ``MetricsAggregator`` reduces every key it does not know by a sample-weighted mean: the
+    counts would be per-update means, and shares a mean of per-update shares. Here counts add up and shares are taken
+    of the sums; ``stapo/entropy_threshold`` is the mean of the updates' finite thresholds (one pool each)."""
+    found: dict[str, float] = {}
+    for key, metrics in (("mask", mask_metrics), ("s2t", s2t_metrics)):
+        parts = [u[key] for u in updates if u.get(key)]
+        if parts:
+            found.update(metrics(sum_stats(parts)))
+    counts = [u.get("counts", {}) for u in updates]
+    for key in {k for c in counts for k in c} - found.keys():
+        found[key] = float(sum(c.get(key, 0.0) for c in counts))
+    return found
+
+
+def sum_stats(parts: list[dict]) -> dict:
+    """Stats of several mask computations (:func:`stapo.batch_mask.mask_for_update` and ``grad_bound_sums``) as one:
+    counts and sums added, per-pool lists joined, ``entropy_threshold`` the mean of the finite ones (NaN if none)."""
+    total = {}
+    for key in parts[0]:
+        values = [part[key] for part in parts]
+        if key == "entropy_threshold":
+            finite = [v for v in values if math.isfinite(v)]
+            total[key] = sum(finite) / len(finite) if finite else math.nan
+        elif isinstance(values[0], list):
+            total[key] = [x for v in values for x in v]
+        else:
+            total[key] = sum(values)
+    return total
+
+
 def _ratio(a: float, b: float) -> float:
     return a / b if b else math.nan
 

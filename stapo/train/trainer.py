@@ -55,7 +55,7 @@ from stapo.config import TRAINER_MODES
 from stapo.tools.io import set_aside
 from stapo.train import audit
 from stapo.train.loss import stapo_loss
-from stapo.train.metrics import check_entropy_dtype, mask_metrics, mismatch_metrics, s2t_metrics
+from stapo.train.metrics import check_entropy_dtype, mask_metrics, mismatch_metrics, s2t_metrics, step_metrics
 from stapo.train.preflight import validate_training_config
 
 MASK_INPUTS = ["old_log_probs", "entropy", "advantages", "response_mask", "loss_mask"]
@@ -191,11 +191,29 @@ class STAPOMixin:
                 f"stapo.train.plugin from the recipe's configs. Worker error: {err}"
             ) from err
 
+    def step(self, metrics: dict, timing_raw: dict) -> KVBatchMeta:
+        """verl's step; when it made several local updates (``parameter_sync_step`` > 1, ``separate_async``), the
+        mask's counts and shares are logged for the whole step (:func:`stapo.train.metrics.step_metrics`), not as
+        verl's mean over the updates."""
+        self._updates: list[dict] = []
+        batch = super().step(metrics, timing_raw)
+        if len(self._updates) > 1:
+            metrics.update(step_metrics(self._updates))
+        return batch
+
+    def _record(self, metrics: dict, mask: dict | None, s2t: dict | None) -> None:
+        """Keep one local update's stats for :meth:`step` (not within a step, e.g. in a test: nothing to keep)."""
+        counts = {k: v for k, v in metrics.items() if k.startswith(("stapo/", "s2t/")) and k.endswith("_tokens")}
+        if hasattr(self, "_updates"):
+            self._updates.append({"mask": mask, "s2t": s2t, "counts": counts})
+
     def _update_actor(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
         stapo = self.stapo
         on_driver = stapo.active and stapo.policy_source == "old"
         if not (on_driver or stapo.metrics):
-            return self._update_on_workers(batch, metrics)
+            batch = self._update_on_workers(batch, metrics)
+            self._record(metrics, None, None)
+            return batch
 
         start = time.perf_counter()
         rollout = stapo.metrics and self.config.actor_rollout_ref.rollout.get("calculate_log_probs", False)
@@ -215,9 +233,11 @@ class STAPOMixin:
         if not on_driver:
             mask_seconds = time.perf_counter() - start
             batch = self._update_on_workers(batch, metrics)
-            metrics.update(s2t_metrics({**observed, **bounds.result()}))
+            observed.update(bounds.result())
+            metrics.update(s2t_metrics(observed))
             metrics.update(mismatch.result() if mismatch else {})
             metrics["timing_s/stapo_mask"] = mask_seconds
+            self._record(metrics, None, observed)
             return batch
 
         if stapo.mask == "s2t" and stapo.silence == "low_entropy" and observed is not None:
@@ -248,7 +268,8 @@ class STAPOMixin:
             restore_seconds = time.perf_counter() - start
         metrics.update(mask_metrics(stats))
         if bounds is not None:
-            metrics.update(s2t_metrics({**observed, **bounds.result()}))
+            observed.update(bounds.result())
+            metrics.update(s2t_metrics(observed))
         metrics.update(mismatch.result() if mismatch else {})
         # the driver's critical path (inside verl's timing_s/update_actor): read the inputs from TransferQueue, build
         # the mask, write the folded masks; then write the original masks back
@@ -269,6 +290,7 @@ class STAPOMixin:
                     "after_update": self._mask_tokens(batch),
                 },
             )
+        self._record(metrics, stats, observed)
         return batch
 
     def _update_on_workers(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
