@@ -9,7 +9,7 @@ import pytest
 from stapo.checks.gpu_smoke import check, pool_problems
 
 
-def write_run(out, pools, entropy_dtype="torch.float32", log="", correlation=0.99997):
+def write_run(out, pools, entropy_dtype="torch.float32", log="", correlation=0.99997, lag=0):
     """One STAPO step (policy_source=old, one rank, two micro-batches per mini-batch) whose mini-batches had
     ``pools`` = [(candidates, silenced)]."""
     masked = sum(s for _, s in pools)
@@ -17,6 +17,7 @@ def write_run(out, pools, entropy_dtype="torch.float32", log="", correlation=0.9
     step = {"actor/pg_loss": 0.1, "s2t/candidate_frac": 0.1, "stapo/candidate_tokens": sum(k for k, _ in pools)}
     step.update({"stapo/masked_tokens": masked, "stapo/expected_masked_tokens": masked, "stapo/masked_frac": 0.01})
     step["training/rollout_actor_probs_pearson_corr"] = correlation
+    step["training/off_policy/trajectory_staleness/max"] = lag
     (out / "metrics.jsonl").write_text(json.dumps({"step": 1, "data": step}) + "\n")
     (out / "train.log").write_text(log)
     loss = [
@@ -109,3 +110,47 @@ def test_a_real_shape_run_has_its_own_correlation_floor(tmp_path):
     run = write_run(tmp_path / "run", GOOD, correlation=0.9988)
     assert check("stapo", run, gpus=1, min_correlation=SHAPE_PROBS_CORRELATION)[0] == []
     assert len(check("stapo", run, gpus=1, min_correlation=MIN_PROBS_CORRELATION)[0]) == 1
+
+
+@pytest.mark.parametrize(
+    "mode, lag, expected",
+    [
+        ("stapo_sync", 0, None),
+        ("stapo_sync", 1, "step 1: policy lag 1 in the synchronous trainer"),
+        ("stapo_separate_async", 1, None),
+        ("stapo_colocate_async", None, "step 1: no training/off_policy/trajectory_staleness/max (the policy lag)"),
+    ],
+)
+def test_the_policy_lag_is_logged_every_step(tmp_path, mode, lag, expected):
+    """Check 9: verl's policy lag is in every step's metrics, and 0 in the synchronous trainer."""
+    problems, summary = check("stapo", write_run(tmp_path / "run", GOOD, lag=lag), gpus=1, trainer_mode=mode)
+    assert problems == ([expected] if expected else []) and summary["policy_lag"] == [lag]
+
+
+@pytest.mark.parametrize("mode", ["stapo_sync", "stapo_colocate_async", "stapo_separate_async"])
+def test_each_trainer_mode_runs_the_recipes_checks(tmp_path, monkeypatch, mode):
+    """``--trainer-mode``: the smoke's runs compose with the recipe's config and pass its checks before Ray (verl's
+    conditions of ``separate_async`` included), on the trainer of that mode; ``separate_async`` counts its rollout
+    GPU."""
+    from hydra import compose, initialize_config_dir
+
+    from stapo.checks.gpu_smoke import overrides
+    from stapo.config import CONFIG_DIR
+    from stapo.train import preflight
+    from stapo.train.main import validate
+
+    for method in ("justrl", "stapo", "stapo_current"):
+        args = overrides(method, tmp_path / "model", tmp_path / "train.parquet", 1, 2, tmp_path, trainer_mode=mode)
+        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+            config = compose(config_name="stapo" if method.startswith("stapo") else method, overrides=args)
+        validate(config, environment=False)
+        assert config.trainer.v1.trainer_mode == mode
+    if mode == "stapo_separate_async":
+        batch, mini = config.data.train_batch_size, config.actor_rollout_ref.actor.ppo_mini_batch_size
+        assert config.trainer.v1.separate_async.parameter_sync_step * mini == batch
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(preflight, "local_gpus", lambda: 1)  # one GPU: enough for a trainer, not for a rollout too
+    monkeypatch.setattr(preflight, "local_ray_clusters", lambda: [])  # another process's cluster is not checked here
+    gpus = preflight._gpu_problems(config)
+    assert gpus == ([] if mode != "stapo_separate_async" else [gpus[0]])
+    assert mode != "stapo_separate_async" or "needs 2 GPUs; this machine has 1 visible" in gpus[0]

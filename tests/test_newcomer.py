@@ -57,6 +57,15 @@ def place(tmp_path):
             "--standalone compares the rollout with vLLM on one GPU; run it with --gpus 1",
         ),
         (["-m", "stapo.checks.gpu_smoke", "--out", "s"], "--gpus 1: 0 CUDA GPU(s) visible"),
+        (
+            ["-m", "stapo.checks.gpu_smoke", "--out", "s", "--trainer-mode", "stapo_separate_async"],
+            "--gpus 1 (+ 1 for the rollout of --trainer-mode stapo_separate_async): 0 CUDA GPU(s) visible",
+        ),
+        (
+            ["-m", "stapo.checks.gpu_smoke", "--out", "s", "--gpus", "2", "--nodes", "2", "--trainer-mode"]
+            + ["stapo_colocate_async"],
+            "--trainer-mode stapo_colocate_async runs on one node here: leave out --nodes",
+        ),
         (["-m", "stapo.train", "--config-name=stapo", "stapo.tau_p=5"], "stapo.tau_p=5 is out of range"),
         # issue 38's list, as a new user met each at commit ea1edb6 (a traceback, or something left behind)
         (["-m", "stapo.train", "--config-name=stapo", "trainer.n_gpus_per_node=abc"], "n_gpus_per_node=abc: must be"),

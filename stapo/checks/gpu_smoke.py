@@ -2,13 +2,16 @@
 vLLM rollouts and the FSDP engine, on a tiny random Qwen3 built here (no downloads), with audit mode on.
 
     python -m stapo.checks.gpu_smoke --out /tmp/smoke [--gpus 1] [--steps 4] [--methods justrl,stapo,stapo_current]
-        [--nodes 2] [--shape qwen3_1.7b --tokenizer DIR]
+        [--nodes 2] [--shape qwen3_1.7b --tokenizer DIR] [--trainer-mode stapo_colocate_async]
 
 With ``--nodes N`` the runs go the multi-node way: a Ray cluster of N nodes on this machine (a head and N − 1 more
 raylets, ``--gpus``/N GPUs each, :func:`stapo.train.clusters.local_cluster`), each run submitted through
 scripts/ray_job.sh with ``trainer.nnodes=N``, and NCCL kept off shared memory and peer-to-peer copies, so that the
 ranks talk over the network transport they would use between machines. With ``--shape`` the runs train a random
-Qwen3 of that shape (built on the GPU, the tokenizer given) with the same short batch and responses.
+Qwen3 of that shape (built on the GPU, the tokenizer given) with the same short batch and responses. With
+``--trainer-mode`` the runs use one of verl's asynchronous trainers (``stapo.config.TRAINER_MODES``);
+``stapo_separate_async`` generates on one more GPU of its own (``--gpus`` train) and makes each step two local
+updates of one mini-batch (``parameter_sync_step`` 2).
 
 It exits non-zero if any of these fails, for every STAPO run:
   1. masked tokens exist whenever candidates exist (and candidates exist at least once);
@@ -22,7 +25,9 @@ It exits non-zero if any of these fails, for every STAPO run:
      mask in float32;
 and for every run, JustRL included: 7. the s2t/* metrics (S2T rule and gradient-norm bound) are logged every step,
 and no process warned that entropies arrived in another dtype than float32; 8. vLLM's and the actor's probabilities
-of the sampled tokens agree (Pearson correlation ≥ :data:`MIN_PROBS_CORRELATION` every step).
+of the sampled tokens agree (Pearson correlation ≥ :data:`MIN_PROBS_CORRELATION` every step); 9. the policy lag
+(verl's ``training/off_policy/trajectory_staleness/max``: how many model versions behind the trained one the step's
+oldest rollout was) is logged every step, 0 in ``stapo_sync``.
 The reward is the fraction of digits in the response: continuous, so every group has positive and negative
 advantages.
 """
@@ -42,7 +47,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from stapo.checks.scale import build_on_gpu
-from stapo.config import QWEN3_SHAPES, StapoConfig
+from stapo.config import QWEN3_SHAPES, TRAINER_MODES, StapoConfig
 from stapo.quickstart.tiny import replace_overrides, tiny_run_overrides
 from stapo.s2t import distinct_silenced
 from stapo.tools.io import output_problem
@@ -50,6 +55,7 @@ from stapo.tools.io import read_jsonl as _read_jsonl
 from stapo.train.clusters import local_cluster, python_first_path
 
 S2T_METRICS = ("s2t/candidate_frac", "s2t/spurious_frac", "s2t/grad_bound/spurious_share")
+POLICY_LAG = "training/off_policy/trajectory_staleness/max"
 
 MICRO_PER_MINI = 2  # policy_source=old: two micro-batches per mini-batch and rank, to exercise accumulation
 MIN_PROBS_CORRELATION = 0.999
@@ -105,13 +111,26 @@ METHODS = ("justrl", "stapo", "stapo_current")
 """The smoke's runs: JustRL, STAPO (mask from the old policy) and STAPO with ``policy_source: current``."""
 
 
-def overrides(method: str, model: Path, data: Path, gpus: int, steps: int, out: Path, audit: bool = True) -> list[str]:
-    """The tiny-model run of ``method`` (justrl, stapo, stapo_current) with this file's reward."""
+def overrides(
+    method: str, model: Path, data: Path, gpus: int, steps: int, out: Path, audit: bool = True,
+    trainer_mode: str = "stapo_sync",
+) -> list[str]:  # fmt: skip
+    """The tiny-model run of ``method`` (justrl, stapo, stapo_current) with this file's reward, on the trainer of
+    ``trainer_mode``."""
     current = method == "stapo_current"
     args = tiny_run_overrides(
         model, data, out, steps=steps, gpus=gpus, reward="pkg://stapo.checks.gpu_smoke:smoke_reward",
         micro_batches=1 if current else MICRO_PER_MINI,
     )  # fmt: skip
+    args.append(f"trainer.v1.trainer_mode={trainer_mode}")
+    if TRAINER_MODES[trainer_mode] == "separate_async":  # verl's conditions: stapo.train.preflight
+        batch, mini = (int(dict(a.split("=", 1) for a in args)[k]) for k in BATCH_KEYS)
+        args += [
+            "actor_rollout_ref.rollout.nnodes=1",
+            "actor_rollout_ref.rollout.n_gpus_per_node=1",
+            "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl",
+            f"trainer.v1.separate_async.parameter_sync_step={batch // mini}",
+        ]
     if audit:
         args.append(f"+ray_kwargs.ray_init.runtime_env.env_vars.STAPO_AUDIT_DIR={out / 'audit'}")
     if current:
@@ -123,14 +142,20 @@ def overrides(method: str, model: Path, data: Path, gpus: int, steps: int, out: 
     return args
 
 
-def run(method: str, model: Path, data: Path, gpus: int, steps: int, root: Path, nodes: int = 1) -> tuple[Path, float]:
-    """Train ``method`` in ``root/method`` (log, metrics, audit); on ``nodes`` Ray nodes through scripts/ray_job.sh
-    when more than one."""
+BATCH_KEYS = ("data.train_batch_size", "actor_rollout_ref.actor.ppo_mini_batch_size")
+
+
+def run(
+    method: str, model: Path, data: Path, gpus: int, steps: int, root: Path, nodes: int = 1,
+    trainer_mode: str = "stapo_sync",
+) -> tuple[Path, float]:  # fmt: skip
+    """Train ``method`` in ``root/method`` (log, metrics, audit) on the trainer of ``trainer_mode``; on ``nodes`` Ray
+    nodes through scripts/ray_job.sh when more than one."""
     out = root / method
     out.mkdir(parents=True, exist_ok=True)
     config = "stapo" if method.startswith("stapo") else method
     env = {**os.environ, "VERL_FILE_LOGGER_PATH": str(out / "metrics.jsonl"), "STAPO_AUDIT_DIR": str(out / "audit")}
-    args = overrides(method, model, data, gpus, steps, out)
+    args = overrides(method, model, data, gpus, steps, out, trainer_mode=trainer_mode)
     start = time.time()
     with open(out / "train.log", "w") as log, ExitStack() as cluster:
         if nodes == 1:
@@ -181,8 +206,10 @@ def read_jsonl(paths) -> list[dict]:
     return [record for path in paths for record in _read_jsonl(Path(path), "JSON lines")]
 
 
-def check(method: str, out: Path, gpus: int, min_correlation: float = MIN_PROBS_CORRELATION) -> tuple[list[str], dict]:
-    """Violations of properties 1-5 (module docstring) for one run, and a summary."""
+def check(
+    method: str, out: Path, gpus: int, min_correlation: float = MIN_PROBS_CORRELATION, trainer_mode: str = "stapo_sync"
+) -> tuple[list[str], dict]:
+    """Violations of the properties of the module docstring for one run, and a summary."""
     problems = []
     steps = [r["data"] for r in read_jsonl([out / "metrics.jsonl"])]
     steps = [s for s in steps if "actor/pg_loss" in s]
@@ -200,6 +227,11 @@ def check(method: str, out: Path, gpus: int, min_correlation: float = MIN_PROBS_
         for i, c in enumerate(correlation)
         if not c >= min_correlation
     ]
+    lag = [s.get(POLICY_LAG) for s in steps]
+    summary["policy_lag"] = lag
+    problems += [f"step {i + 1}: no {POLICY_LAG} (the policy lag)" for i, g in enumerate(lag) if g is None]
+    if trainer_mode == "stapo_sync":
+        problems += [f"step {i + 1}: policy lag {g} in the synchronous trainer" for i, g in enumerate(lag) if g]
     if method == "justrl":
         if any(k.startswith("stapo/") for s in steps for k in s):
             problems.append("justrl logged stapo/* metrics: the mask ran in a baseline")
@@ -288,6 +320,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--nodes", type=int, default=1, help="Ray nodes on this machine (--gpus/N GPUs each)")
     parser.add_argument("--shape", choices=sorted(QWEN3_SHAPES), help="a random Qwen3 of this shape, not the tiny one")
     parser.add_argument("--tokenizer", type=Path, help="with --shape: the tokenizer folder (Qwen's vocabulary)")
+    parser.add_argument(
+        "--trainer-mode", choices=sorted(TRAINER_MODES), default="stapo_sync",
+        help="verl's trainer to run on (stapo_separate_async: one more GPU generates)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if (args.shape is None) != (args.tokenizer is None):
         parser.exit(2, "error: --shape and --tokenizer go together (python -m stapo.checks.scale model --help)\n")
@@ -305,12 +341,17 @@ def main(argv: list[str] | None = None) -> None:
         )
     if args.nodes < 1 or args.gpus % args.nodes:
         parser.exit(2, f"error: --nodes {args.nodes}: must be a positive divisor of --gpus {args.gpus}\n")
+    if args.nodes > 1 and args.trainer_mode != "stapo_sync":
+        parser.exit(2, f"error: --trainer-mode {args.trainer_mode} runs on one node here: leave out --nodes\n")
+    rollout_gpus = int(TRAINER_MODES[args.trainer_mode] == "separate_async")
     import torch
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a kill stops the runs' Ray clusters too (--nodes)
-    if torch.cuda.device_count() < args.gpus:
-        parser.exit(2, f"error: --gpus {args.gpus}: {torch.cuda.device_count()} CUDA GPU(s) visible; the smoke trains "
-                       "with verl, vLLM and FSDP on GPUs (without one: bash scripts/quickstart.sh)\n")  # fmt: skip
+    if torch.cuda.device_count() < args.gpus + rollout_gpus:
+        needs = f" (+ 1 for the rollout of --trainer-mode {args.trainer_mode})" if rollout_gpus else ""
+        visible = torch.cuda.device_count()
+        parser.exit(2, f"error: --gpus {args.gpus}{needs}: {visible} CUDA GPU(s) visible; the smoke trains with "
+                       "verl, vLLM and FSDP on GPUs (without one: bash scripts/quickstart.sh)\n")  # fmt: skip
     if problem := output_problem(args.out, "folder"):
         parser.exit(2, f"error: {problem}\n")
     if args.nodes > 1:
@@ -325,9 +366,10 @@ def main(argv: list[str] | None = None) -> None:
     failed = False
     floor = SHAPE_PROBS_CORRELATION if args.shape else MIN_PROBS_CORRELATION
     for method in methods:
-        out, seconds = run(method, model, data, args.gpus, args.steps, args.out, args.nodes)
-        problems, summary = check(method, out, args.gpus, floor)
-        head = {"method": method, "gpus": args.gpus, "nodes": args.nodes, "seconds": round(seconds)}
+        out, seconds = run(method, model, data, args.gpus, args.steps, args.out, args.nodes, args.trainer_mode)
+        problems, summary = check(method, out, args.gpus, floor, args.trainer_mode)
+        head = {"method": method, "trainer_mode": args.trainer_mode, "gpus": args.gpus, "nodes": args.nodes}
+        head["seconds"] = round(seconds)
         print(json.dumps({**head, **summary, "problems": problems}), flush=True)
         failed |= bool(problems)
     sys.exit(1 if failed else 0)
