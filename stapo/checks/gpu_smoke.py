@@ -56,6 +56,7 @@ from stapo.train.clusters import local_cluster, python_first_path
 
 S2T_METRICS = ("s2t/candidate_frac", "s2t/spurious_frac", "s2t/grad_bound/spurious_share")
 POLICY_LAG = "training/off_policy/trajectory_staleness/max"
+BATCH_KEYS = ("data.train_batch_size", "actor_rollout_ref.actor.ppo_mini_batch_size")
 
 MICRO_PER_MINI = 2  # policy_source=old: two micro-batches per mini-batch and rank, to exercise accumulation
 MIN_PROBS_CORRELATION = 0.999
@@ -124,7 +125,8 @@ def overrides(
     )  # fmt: skip
     args.append(f"trainer.v1.trainer_mode={trainer_mode}")
     if TRAINER_MODES[trainer_mode] == "separate_async":  # verl's conditions: stapo.train.preflight
-        batch, mini = (int(dict(a.split("=", 1) for a in args)[k]) for k in BATCH_KEYS)
+        values = dict(a.split("=", 1) for a in args)
+        batch, mini = (int(values[k]) for k in BATCH_KEYS)
         args += [
             "actor_rollout_ref.rollout.nnodes=1",
             "actor_rollout_ref.rollout.n_gpus_per_node=1",
@@ -140,9 +142,6 @@ def overrides(
             "actor_rollout_ref.actor.entropy_checkpointing=True",
         ]
     return args
-
-
-BATCH_KEYS = ("data.train_batch_size", "actor_rollout_ref.actor.ppo_mini_batch_size")
 
 
 def run(

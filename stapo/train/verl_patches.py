@@ -102,6 +102,13 @@ WORKAROUNDS = (
         "the socket-name workaround above can go",
     ),
     Workaround(
+        "stapo.train.trainer:STAPOMixin.step",
+        "verl 0.9.1's MetricsAggregator (verl/trainer/ppo/v1/utils.py) reduces the local updates of a separate_async "
+        "step (parameter_sync_step > 1) by a sample-weighted mean for every metric it has no rule for: the mask's "
+        "token counts would be per-update means and its shares means of shares",
+        "verl lets a trainer declare how its metrics are reduced over a step's local updates (a sum for counts)",
+    ),
+    Workaround(
         "stapo.train.preflight:check_installed",
         "verl 0.9.1 swallows errors of plugins it loads from entry points (the trainer also checks that the "
         "workers can load the loss: STAPOTrainer._setup)",
