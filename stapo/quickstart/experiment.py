@@ -377,11 +377,23 @@ def to_markdown(rows: Sequence[dict[str, str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+PAIRED_NOTE = (
+    "Differences between methods are taken seed by seed and need two or more seeds that every method ran (e.g. "
+    "`--seeds 0 1 2`): one seed cannot separate a method from the noise of its sampling."
+)
+"""What the summary says instead of the table of :func:`paired_rows` when no pair of methods shares two seeds."""
+
+
 def summarize(folder: Path, plots: Path | None) -> str:
-    """Write ``folder/summary.md`` and, where matplotlib is installed, the curves into ``plots``; return the table."""
+    """Write ``folder/summary.md`` and, where matplotlib is installed, the curves into ``plots``; return the tables:
+    per method, then the differences paired by seed (or :data:`PAIRED_NOTE` where no pair shares two seeds)."""
     runs = read_runs(folder)
     pairs = paired_rows(runs)
-    table = to_markdown(summary_rows(runs)) + ("\n" + to_markdown(pairs) if pairs else "")
+    table = to_markdown(summary_rows(runs))
+    if any("," in row["seeds"] for row in pairs):
+        table += "\n" + to_markdown(pairs)
+    elif pairs:  # a table of dashes would look like a failure (the quickstart runs one seed)
+        table += f"\n{PAIRED_NOTE}\n"
     write_atomic(folder / "summary.md", table)
     write_atomic(folder / "stability.md", to_markdown(stability_rows(runs)))
     if plots is not None:
