@@ -53,6 +53,9 @@ TRAINER_MODES = {
     "stapo_separate_async": "separate_async",
 }
 """The recipe's trainer modes (``trainer.v1.trainer_mode``) -> the verl 0.9.1 mode each extends with the mask."""
+SEEDED_AGENT_LOOP = "stapo_seeded_single_turn"
+"""The agent loop of ``determinism=full`` (``actor_rollout_ref.rollout.agent.default_agent_loop``): verl's single-turn
+loop with a sampling seed for each response (:class:`stapo.train.agent_loop.SeededSingleTurnAgentLoop`)."""
 
 
 @functools.cache

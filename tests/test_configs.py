@@ -12,7 +12,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from verl.utils.config import omega_conf_to_dataclass
 
-from stapo.config import CONFIG_DIR, StapoConfig, StapoConfigError, methods, sizes, title
+from stapo.config import CONFIG_DIR, SEEDED_AGENT_LOOP, StapoConfig, StapoConfigError, methods, sizes, title
 from stapo.train import attention, preflight
 from stapo.train.main import ConfigError, usage, validate
 
@@ -183,16 +183,21 @@ def test_attention_settings_that_cannot_work_stop_the_run(overrides, message):
 
 def test_plugin_registers_through_the_entry_point_and_the_env_var():
     clean = {k: v for k, v in os.environ.items() if k != "VERL_USE_EXTERNAL_MODULES"}
-    assert _run({**clean, "VERL_USE_EXTERNAL_PLUGINS": "auto"}) == "True True"
-    assert _run({**clean, "VERL_USE_EXTERNAL_PLUGINS": "none", "VERL_USE_EXTERNAL_MODULES": "stapo.train.plugin"})
-    assert _run({**clean, "VERL_USE_EXTERNAL_PLUGINS": "none"}) == "False False"  # the check can fail
+    assert _run({**clean, "VERL_USE_EXTERNAL_PLUGINS": "auto"}) == "True True True"
+    modules = {"VERL_USE_EXTERNAL_PLUGINS": "none", "VERL_USE_EXTERNAL_MODULES": "stapo.train.plugin"}
+    assert _run({**clean, **modules}) == "True True True"
+    assert _run({**clean, "VERL_USE_EXTERNAL_PLUGINS": "none"}) == "False False False"  # the check can fail
 
 
 def _run(env):
+    """Whether a fresh ``import verl`` registered the trainer mode, the attention and the agent loop of
+    ``determinism=full`` (which verl's agent-loop workers look up by name)."""
     code = (
         "import verl\nfrom verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY\n"
         "from transformers import AttentionInterface\n"
-        "print('stapo_sync' in TRAINER_REGISTRY, 'torch_varlen' in AttentionInterface._global_mapping)"
+        "from verl.experimental.agent_loop.agent_loop import _agent_loop_registry\n"
+        "print('stapo_sync' in TRAINER_REGISTRY, 'torch_varlen' in AttentionInterface._global_mapping,"
+        f" {SEEDED_AGENT_LOOP!r} in _agent_loop_registry)"
     )
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -272,3 +277,15 @@ def test_determinism_full_reaches_every_flag_and_verls_environment(monkeypatch):
     (line,) = str(refused.value).splitlines()
     assert line.startswith("determinism is partial (actor_rollout_ref.rollout.full_determinism=true, ")
     assert "set determinism=full" in line
+
+    # all three flags but verl's own agent loop: every response of a prompt would be sampled with one seed
+    flags = [f"{key}=true" for key in preflight.DETERMINISM]
+    same_seed = load("stapo", *flags)
+    assert same_seed.actor_rollout_ref.rollout.agent.default_agent_loop == "single_turn_agent"  # verl's default
+    with pytest.raises(ConfigError) as refused:
+        validate(same_seed, environment=False)
+    (line,) = str(refused.value).splitlines()
+    assert line.startswith("actor_rollout_ref.rollout.agent.default_agent_loop=single_turn_agent: ")
+    assert f"set it to {SEEDED_AGENT_LOOP} (determinism=full does)" in line
+    assert cfg.actor_rollout_ref.rollout.agent.default_agent_loop == SEEDED_AGENT_LOOP
+    validate(load("stapo", *flags, "actor_rollout_ref.rollout.n=1"), environment=False)  # one response: no group

@@ -1,6 +1,7 @@
-"""verl plugin: in every process that imports verl, registers the trainer mode ``stapo_sync`` and the attention
-implementation ``torch_varlen`` (:mod:`stapo.train.attention`), and makes verl's fused log-probability kernel return
-float32 entropies (:mod:`stapo.train.verl_patches`).
+"""verl plugin: in every process that imports verl, registers the trainer modes (``stapo_sync`` and the asynchronous
+ones), the attention implementation ``torch_varlen`` (:mod:`stapo.train.attention`) and the agent loop of
+``determinism=full`` (:mod:`stapo.train.agent_loop`), and makes verl's fused log-probability kernel return float32
+entropies (:mod:`stapo.train.verl_patches`).
 
 Loaded through the ``verl.plugins`` entry point once the package is installed, and explicitly through
 ``VERL_USE_EXTERNAL_MODULES=stapo.train.plugin`` (set in the recipe configs' Ray runtime environment, so it reaches
@@ -9,7 +10,7 @@ the package is installed (:func:`stapo.train.preflight.check_installed`) and the
 workers can load the STAPO loss.
 """
 
-from stapo.train import attention, trainer, verl_patches  # noqa: F401  (trainer registers the trainer mode on import)
+from stapo.train import agent_loop, attention, trainer, verl_patches  # noqa: F401  (agent_loop, trainer: register)
 
 attention.register()
 verl_patches.float32_fused_entropy()

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from stapo.config import TRAINER_MODE, TRAINER_MODES, StapoConfig, StapoConfigError
+from stapo.config import SEEDED_AGENT_LOOP, TRAINER_MODE, TRAINER_MODES, StapoConfig, StapoConfigError
 from stapo.tools.io import DataFileError, model_folder_problems, parquet_columns
 from stapo.train import attention
 
@@ -346,8 +346,8 @@ def separate_async_problems(config: DictConfig) -> list[str]:
 
 
 def config_problems(config: DictConfig) -> list[str]:
-    """Settings that cannot work together: a partial determinism, ``separate_async``'s conditions, and the attention
-    settings (after :func:`resolve_auto`); one line each."""
+    """Settings that cannot work together: a partial determinism or one whose responses would share their seed,
+    ``separate_async``'s conditions, and the attention settings (after :func:`resolve_auto`); one line each."""
     found = separate_async_problems(config)
     flags = {key: bool(OmegaConf.select(config, key)) for key in DETERMINISM}
     if any(flags.values()) and not all(flags.values()):
@@ -355,6 +355,14 @@ def config_problems(config: DictConfig) -> list[str]:
         found.append(
             f"determinism is partial ({state}): two runs compute the same numbers only with all of them on; set "
             "determinism=full (or determinism=none)"
+        )
+    rollout = config.actor_rollout_ref.rollout
+    if all(flags.values()) and rollout.n > 1 and rollout.agent.default_agent_loop != SEEDED_AGENT_LOOP:
+        found.append(
+            f"actor_rollout_ref.rollout.agent.default_agent_loop={rollout.agent.default_agent_loop}: under "
+            "full_determinism verl 0.9.1 samples every response with one seed, so the "
+            f"actor_rollout_ref.rollout.n={rollout.n} responses of a prompt would be the same and GRPO's advantages "
+            f"zero; set it to {SEEDED_AGENT_LOOP} (determinism=full does)"
         )
     model = config.actor_rollout_ref.model
     implementation = model.override_config.get("attn_implementation")

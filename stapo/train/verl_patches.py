@@ -102,6 +102,14 @@ WORKAROUNDS = (
         "the socket-name workaround above can go",
     ),
     Workaround(
+        "stapo.train.agent_loop:SeededSingleTurnAgentLoop",
+        "verl 0.9.1 seeds every vLLM request alike under rollout.full_determinism (vllm_async_server.py, generate: "
+        "replica_rank + rollout.seed): the n responses of a prompt are one response n times and GRPO's advantages "
+        "zero (0-361 positive-advantage tokens a step on an H200, against 4,533-6,789 without it; verl PR #6857 "
+        "names the collision for SGLang)",
+        "verl seeds the responses of a group apart",
+    ),
+    Workaround(
         "stapo.train.trainer:STAPOMixin.step",
         "verl 0.9.1's MetricsAggregator (verl/trainer/ppo/v1/utils.py) reduces the local updates of a separate_async "
         "step (parameter_sync_step > 1) by a sample-weighted mean for every metric it has no rule for: the mask's "

@@ -1,0 +1,99 @@
+"""The agent loop of ``determinism=full`` (:mod:`stapo.train.agent_loop`), built from verl's registry as verl's
+agent-loop worker builds it and run through verl's own ``SingleTurnAgentLoop.run``. Only the vLLM server is stood in
+(it needs a GPU): it records the sampling parameters each request reaches it with."""
+
+import asyncio
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
+from verl.experimental.agent_loop.agent_loop import DictConfigWrap, _agent_loop_registry
+from verl.utils.dataset.rl_dataset import RLHFDataset
+from verl.workers.rollout.replica import TokenOutput
+
+import stapo.train.plugin  # noqa: F401  (what verl loads in every process: registers the agent loop)
+from stapo.config import CONFIG_DIR, SEEDED_AGENT_LOOP
+from stapo.quickstart.tiny import build_tokenizer
+from stapo.train.agent_loop import request_seed
+
+PROMPTS = [[{"role": "user", "content": "What is 6 times 7?"}], [{"role": "user", "content": "What is 2 plus 2?"}]]
+N = 8  # responses per prompt, as the recipe's rollout.n
+
+
+def load(*overrides):
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        return compose(config_name="stapo", overrides=list(overrides))
+
+
+class Server:
+    """Stands in for verl's LLM server client (vLLM on a GPU): answers every request with three tokens."""
+
+    def __init__(self):
+        self.requests = []
+
+    async def generate(self, request_id, prompt_ids, sampling_params, **kwargs):
+        self.requests.append((request_id, dict(sampling_params)))
+        return TokenOutput(token_ids=[5, 6, 7], log_probs=[-0.1, -0.2, -0.3])
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    tok = build_tokenizer([m[0]["content"] for m in PROMPTS] * 20, tmp_path_factory.mktemp("tok"))
+    tok.chat_template = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
+    return tok
+
+
+def rollout(config, tokenizer, **given) -> list[tuple[str, dict]]:
+    """One step's requests: N responses of each prompt, with verl's per-sample ``priority`` (their place in the
+    batch), through the loop that ``actor_rollout_ref.rollout.agent.default_agent_loop`` names."""
+    name = config.actor_rollout_ref.rollout.agent.default_agent_loop
+    server = Server()
+    sampling = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": True, **given}
+
+    async def step():
+        for priority in range(len(PROMPTS) * N):
+            loop = instantiate(
+                config=_agent_loop_registry[name],
+                trainer_config=DictConfigWrap(config=config),
+                server_manager=server,
+                tokenizer=tokenizer,
+                processor=None,
+                hf_model_type=None,
+                dataset_cls=RLHFDataset,
+                data_config=DictConfigWrap(config.data),
+            )
+            await loop.run(dict(sampling), priority=priority, raw_prompt=PROMPTS[priority // N])
+
+    asyncio.run(step())
+    return server.requests
+
+
+def test_each_response_of_a_group_gets_a_seed_of_its_own_and_a_rerun_the_same(tokenizer):
+    config = load("determinism=full")
+    assert config.actor_rollout_ref.rollout.agent.default_agent_loop == SEEDED_AGENT_LOOP
+    requests = rollout(config, tokenizer)
+    seeds = [params["seed"] for _, params in requests]
+    assert len(seeds) == len(PROMPTS) * N and len(set(seeds)) == len(seeds)  # verl alone: one seed for all of them
+    assert all(0 <= seed < 2**31 for seed in seeds)
+    assert [request_id for request_id, _ in requests] == [f"det-{p}" for p in range(len(seeds))]  # verl's own ids
+    assert [params["seed"] for _, params in rollout(config, tokenizer)] == seeds  # the same step again
+    other = load("determinism=full", "actor_rollout_ref.rollout.seed=7")
+    assert set(params["seed"] for _, params in rollout(other, tokenizer)).isdisjoint(seeds)  # another run seed
+    assert {params["seed"] for _, params in rollout(config, tokenizer, seed=5)} == {5}  # a given seed is kept
+
+
+def test_without_determinism_the_loop_is_verls(tokenizer):
+    """The recipe's default keeps verl's loop, whose requests carry no seed (vLLM samples freely); the seeded loop
+    adds none either when ``full_determinism`` is off."""
+    config = load()
+    assert config.actor_rollout_ref.rollout.agent.default_agent_loop == "single_turn_agent"
+    assert all("seed" not in params for _, params in rollout(config, tokenizer))
+    config.actor_rollout_ref.rollout.agent.default_agent_loop = SEEDED_AGENT_LOOP
+    assert all("seed" not in params for _, params in rollout(config, tokenizer))
+
+
+def test_request_seed_depends_on_the_run_seed_the_prompt_and_the_sample():
+    seed = request_seed(42, PROMPTS[0], 3)
+    assert seed == request_seed(42, [dict(PROMPTS[0][0])], 3)  # a copy of the messages: the same seed
+    others = request_seed(43, PROMPTS[0], 3), request_seed(42, PROMPTS[1], 3), request_seed(42, PROMPTS[0], 4)
+    assert len({seed, *others}) == 4
