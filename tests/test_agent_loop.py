@@ -3,6 +3,7 @@ agent-loop worker builds it and run through verl's own ``SingleTurnAgentLoop.run
 (it needs a GPU): it records the sampling parameters each request reaches it with."""
 
 import asyncio
+import uuid
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -43,15 +44,17 @@ def tokenizer(tmp_path_factory):
     return tok
 
 
-def rollout(config, tokenizer, **given) -> list[tuple[str, dict]]:
-    """One step's requests: N responses of each prompt, with verl's per-sample ``priority`` (their place in the
-    batch), through the loop that ``actor_rollout_ref.rollout.agent.default_agent_loop`` names."""
+def rollout(config, tokenizer, v1: bool = True, step: int = 5, **given) -> list[tuple[str, dict]]:
+    """One step's requests: N responses of each prompt through the loop that
+    ``actor_rollout_ref.rollout.agent.default_agent_loop`` names, called as verl's V1 agent-loop worker calls it (the
+    recipe's trainers: ``session_id`` i of n, the step, a random ``uid``, no ``priority``) or, with ``v1=False``, as
+    V0's (``priority``: the response's place in the batch)."""
     name = config.actor_rollout_ref.rollout.agent.default_agent_loop
     server = Server()
     sampling = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": True, **given}
 
-    async def step():
-        for priority in range(len(PROMPTS) * N):
+    async def step_requests():
+        for place in range(len(PROMPTS) * N):
             loop = instantiate(
                 config=_agent_loop_registry[name],
                 trainer_config=DictConfigWrap(config=config),
@@ -62,24 +65,33 @@ def rollout(config, tokenizer, **given) -> list[tuple[str, dict]]:
                 dataset_cls=RLHFDataset,
                 data_config=DictConfigWrap(config.data),
             )
-            await loop.run(dict(sampling), priority=priority, raw_prompt=PROMPTS[priority // N])
+            prompt = {"raw_prompt": PROMPTS[place // N]}
+            if v1:
+                prompt |= {"session_id": place % N, "global_steps": step, "uid": uuid.uuid4().hex}
+            else:
+                prompt["priority"] = place
+            await loop.run(dict(sampling), **prompt)
 
-    asyncio.run(step())
+    asyncio.run(step_requests())
     return server.requests
 
 
-def test_each_response_of_a_group_gets_a_seed_of_its_own_and_a_rerun_the_same(tokenizer):
+@pytest.mark.parametrize("v1", [True, False], ids=["v1", "v0"])
+def test_each_response_of_a_group_gets_a_seed_of_its_own_and_a_rerun_the_same(tokenizer, v1):
     config = load("determinism=full")
     assert config.actor_rollout_ref.rollout.agent.default_agent_loop == SEEDED_AGENT_LOOP
-    requests = rollout(config, tokenizer)
+    requests = rollout(config, tokenizer, v1)
     seeds = [params["seed"] for _, params in requests]
     assert len(seeds) == len(PROMPTS) * N and len(set(seeds)) == len(seeds)  # verl alone: one seed for all of them
     assert all(0 <= seed < 2**31 for seed in seeds)
-    assert [request_id for request_id, _ in requests] == [f"det-{p}" for p in range(len(seeds))]  # verl's own ids
-    assert [params["seed"] for _, params in rollout(config, tokenizer)] == seeds  # the same step again
+    names = [request_id for request_id, _ in requests]  # verl's own names, det-<place>: V1 gave none (all det-0)
+    assert names == ([f"det-{seed}" for seed in seeds] if v1 else [f"det-{p}" for p in range(len(seeds))])
+    assert [params["seed"] for _, params in rollout(config, tokenizer, v1)] == seeds  # the same step again
     other = load("determinism=full", "actor_rollout_ref.rollout.seed=7")
-    assert set(params["seed"] for _, params in rollout(other, tokenizer)).isdisjoint(seeds)  # another run seed
-    assert {params["seed"] for _, params in rollout(config, tokenizer, seed=5)} == {5}  # a given seed is kept
+    assert {params["seed"] for _, params in rollout(other, tokenizer, v1)}.isdisjoint(seeds)  # another run seed
+    if v1:
+        assert {params["seed"] for _, params in rollout(config, tokenizer, v1, step=6)}.isdisjoint(seeds)
+    assert {params["seed"] for _, params in rollout(config, tokenizer, v1, seed=5)} == {5}  # a given seed is kept
 
 
 def test_without_determinism_the_loop_is_verls(tokenizer):
@@ -92,8 +104,9 @@ def test_without_determinism_the_loop_is_verls(tokenizer):
     assert all("seed" not in params for _, params in rollout(config, tokenizer))
 
 
-def test_request_seed_depends_on_the_run_seed_the_prompt_and_the_sample():
-    seed = request_seed(42, PROMPTS[0], 3)
-    assert seed == request_seed(42, [dict(PROMPTS[0][0])], 3)  # a copy of the messages: the same seed
-    others = request_seed(43, PROMPTS[0], 3), request_seed(42, PROMPTS[1], 3), request_seed(42, PROMPTS[0], 4)
-    assert len({seed, *others}) == 4
+def test_request_seed_depends_on_the_run_seed_the_prompt_and_the_place():
+    seed = request_seed(42, PROMPTS[0], 5, 3, 0)
+    assert seed == request_seed(42, [dict(PROMPTS[0][0])], 5, 3, 0)  # a copy of the messages: the same seed
+    others = request_seed(43, PROMPTS[0], 5, 3, 0), request_seed(42, PROMPTS[1], 5, 3, 0)
+    others += request_seed(42, PROMPTS[0], 6, 3, 0), request_seed(42, PROMPTS[0], 5, 4, 0)
+    assert len({seed, *others}) == 5

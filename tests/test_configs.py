@@ -255,6 +255,9 @@ def test_determinism_full_reaches_every_flag_and_verls_environment(monkeypatch):
     assert omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout).full_determinism
     assert omega_conf_to_dataclass(cfg.actor_rollout_ref.actor).fsdp_config.full_determinism
     assert not any(OmegaConf.select(load("stapo"), key) for key in preflight.DETERMINISM)  # off by default
+    rollout = omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout)
+    assert not rollout.enable_prefix_caching and rollout.agent.default_agent_loop == SEEDED_AGENT_LOOP
+    assert load("stapo").actor_rollout_ref.rollout.enable_prefix_caching  # verl's default stays otherwise
 
     class Stop(Exception):
         pass

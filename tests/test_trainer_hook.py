@@ -17,14 +17,15 @@ import torch
 import transfer_queue as tq
 from omegaconf import OmegaConf
 from tensordict import TensorDict
+from transfer_queue import KVBatchMeta
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils import tensordict_utils as tu
 
 from stapo.config import CONFIG_DIR
 from stapo.s2t import s2t_mask
 from stapo.train.loss import stapo_loss
-from stapo.train.preflight import validate_training_config
-from stapo.train.trainer import POLL_INTERVAL_S, STAPOTrainer, minibatch_rows
+from stapo.train.preflight import DETERMINISM, validate_training_config
+from stapo.train.trainer import POLL_INTERVAL_S, STAPOTrainer, minibatch_rows, submission_order
 
 N_ROWS, DP = 16, 2
 MINI_PROMPTS, ROLLOUT_N = 2, 2  # PPO mini-batch of 4 responses: 4 mini-batches, 2 rows per rank each
@@ -553,3 +554,37 @@ def test_a_step_of_several_local_updates_logs_the_whole_steps_counts(transfer_qu
         thresholds = [a["stapo/entropy_threshold"] for a in alone]
         assert metrics["stapo/entropy_threshold"] == pytest.approx(sum(thresholds) / 2)
     assert metrics["timing_s/stapo_mask"] == pytest.approx(sum(a["timing_s/stapo_mask"] for a in alone), rel=1)
+
+
+class StandInAgentLoopManager:
+    """Replaces verl's agent-loop manager, whose vLLM servers need GPUs: the trainer's submission ends there."""
+
+    def generate_sequences(self, batch):
+        pass
+
+
+def test_with_determinism_a_batch_is_trained_in_the_order_its_prompts_were_submitted(transfer_queue):
+    """verl's V1 replay buffer lists a step's trajectories in the order they finished; with ``determinism=full``
+    the trainer puts them in the order their prompts were submitted before verl balances them over the ranks, so
+    that two runs of one command train on the same mini-batches. Two finishing orders of one step's responses, through
+    the trainer's submission and verl's own ``_balance_batch``: one order after it, and verl's alone gives two."""
+    prompts, n = 4, ROLLOUT_N
+    uids = [f"prompt-{i}" for i in (3, 0, 2, 1)]  # submission order: not the keys' sorted order
+    keys = [f"{uid}_{s}_0" for uid in uids for s in range(n)]
+    lengths = dict(zip(keys, [5, 9, 9, 5, 7, 7, 6, 8]))  # ties: verl's balancing then keeps the order it is given
+    finished = [keys, list(reversed(keys))]
+
+    def trained_order(determinism: bool, order: list[str]) -> list[str]:
+        config = compose(*[f"{key}={str(determinism).lower()}" for key in DETERMINISM])
+        trainer = make_trainer(config, StandInActorWorkerGroup())
+        trainer.trainer_mode, trainer.agent_loop_manager = "sync", StandInAgentLoopManager()
+        trainer.tokenizer, trainer.use_critic = type("Tokenizer", (), {"eos_token_id": 0})(), False
+        batch = TensorDict({"raw_prompt": torch.zeros(prompts)}, batch_size=[prompts])
+        batch["uid"] = uids
+        trainer._submit_batch_to_rollout(batch)
+        meta = KVBatchMeta(partition_id="train", keys=order, tags=[{"seq_len": lengths[k]} for k in order])
+        return trainer._balance_batch(meta, metrics={}).keys
+
+    assert trained_order(True, finished[0]) == trained_order(True, finished[1])
+    assert trained_order(False, finished[0]) != trained_order(False, finished[1])  # verl's: the finishing order
+    assert submission_order(finished[1], {uid: i for i, uid in enumerate(uids)}) == [7, 6, 5, 4, 3, 2, 1, 0]

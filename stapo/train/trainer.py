@@ -103,6 +103,21 @@ def minibatch_rows(batch_size: int, dp_size: int, mini_batch_size: int, shuffle:
     return [torch.cat(parts) for parts in zip(*per_rank, strict=True)]
 
 
+def submission_order(keys: list[str], submitted: dict[str, int]) -> list[int]:
+    """The positions that put a batch's trajectories (verl V1's keys ``{uid}_{session_id}_{index}``) in the order
+    their prompts were submitted to the rollout (``submitted``: uid -> submission number), then by response and
+    output: one order for a step however its responses finished. verl 0.9.1's V1 replay buffer lists them in the
+    order they finished, which differs from run to run (verl's docs/advance/determinism.md: "V1 ... collects outputs
+    in completion order", and asks for the V0 trainer, which the recipe's trainer modes are not). Prompts submitted
+    before a resume (in flight in an asynchronous mode's checkpoint) come first, in the order given."""
+
+    def rank(i: int) -> tuple[int, int, int]:
+        uid, session, output = keys[i].split("_")
+        return submitted.get(uid, -1), int(session), int(output)
+
+    return sorted(range(len(keys)), key=rank)
+
+
 def fold(mask: torch.Tensor, silenced: torch.Tensor) -> torch.Tensor:
     """A copy of the jagged ``mask`` with the ``silenced`` tokens (a bool tensor over its values) set to 0."""
     return torch.nested.nested_tensor_from_jagged(mask.values().masked_fill(silenced, 0), mask.offsets())
@@ -156,6 +171,24 @@ class STAPOMixin:
         if type(buffer) is ReplayBuffer:  # verl's own synchronous one (a custom sampler keeps its interval)
             buffer.poll_interval = POLL_INTERVAL_S
         return buffer
+
+    def _submit_batch_to_rollout(self, batch: TensorDict) -> int:
+        if self.config.actor_rollout_ref.rollout.full_determinism:  # numbered for the batch's order (_balance_batch)
+            submitted, first = self.__dict__.setdefault("_submitted", {}), self.__dict__.get("_submissions", 0)
+            submitted.update({uid: first + i for i, uid in enumerate(batch["uid"])})
+            self._submissions = first + len(batch)
+        return super()._submit_batch_to_rollout(batch)
+
+    def _balance_batch(self, batch: KVBatchMeta, metrics, **kwargs) -> KVBatchMeta:
+        """verl's balancing of the batch over data-parallel ranks; with ``full_determinism``, of the batch in the
+        order its prompts were submitted (:func:`submission_order`), so that the ranks' shares and the PPO
+        mini-batches (and with them the S2T quantile pools) are those of any other run of the same command."""
+        if self.config.actor_rollout_ref.rollout.full_determinism:
+            submitted = self.__dict__.get("_submitted", {})
+            batch.reorder(submission_order(batch.keys, submitted))
+            for key in batch.keys:
+                submitted.pop(key.split("_")[0], None)
+        return super()._balance_batch(batch, metrics, **kwargs)
 
     def _load_checkpoint(self):
         super()._load_checkpoint()

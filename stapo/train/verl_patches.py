@@ -110,6 +110,19 @@ WORKAROUNDS = (
         "verl seeds the responses of a group apart",
     ),
     Workaround(
+        "stapo.train.trainer:submission_order",
+        "verl 0.9.1's V1 replay buffer lists a step's trajectories in the order they finished, which differs from run "
+        "to run (verl's docs/advance/determinism.md asks for the V0 trainer, which the recipe's trainer modes are "
+        "not): with determinism=full the trainer orders each batch as its prompts were submitted",
+        "verl's V1 trainer orders a batch by submission under full_determinism",
+    ),
+    Workaround(
+        "configs/determinism/full.yaml:actor_rollout_ref.rollout.enable_prefix_caching",
+        "vLLM 0.24's batch-invariant mode does not cover prefix-cache hits: a prompt resumed from a cached prefix is "
+        "prefilled in another shape (vLLM PR #46592, open), and the n copies of a prompt arrive in varying order",
+        "vLLM's batch invariance covers prefix caching",
+    ),
+    Workaround(
         "stapo.train.trainer:STAPOMixin.step",
         "verl 0.9.1's MetricsAggregator (verl/trainer/ppo/v1/utils.py) reduces the local updates of a separate_async "
         "step (parameter_sync_step > 1) by a sample-weighted mean for every metric it has no rule for: the mask's "
