@@ -291,4 +291,7 @@ def test_determinism_full_reaches_every_flag_and_verls_environment(monkeypatch):
     assert line.startswith("actor_rollout_ref.rollout.agent.default_agent_loop=single_turn_agent: ")
     assert f"set it to {SEEDED_AGENT_LOOP} (determinism=full does)" in line
     assert cfg.actor_rollout_ref.rollout.agent.default_agent_loop == SEEDED_AGENT_LOOP
-    validate(load("stapo", *flags, "actor_rollout_ref.rollout.n=1"), environment=False)  # one response: no group
+    one = ["actor_rollout_ref.rollout.n=1", "actor_rollout_ref.rollout.val_kwargs.n=1"]
+    validate(load("stapo", *flags, *one), environment=False)  # one response a prompt: nothing to tell apart
+    with pytest.raises(ConfigError, match="default_agent_loop=single_turn_agent: "):
+        validate(load("stapo", *flags, one[0]), environment=False)  # validation's avg@32 would be one sample

@@ -357,12 +357,13 @@ def config_problems(config: DictConfig) -> list[str]:
             "determinism=full (or determinism=none)"
         )
     rollout = config.actor_rollout_ref.rollout
-    if all(flags.values()) and rollout.n > 1 and rollout.agent.default_agent_loop != SEEDED_AGENT_LOOP:
+    samples = max(rollout.n, rollout.val_kwargs.n)  # responses a prompt gets in training or validation
+    if all(flags.values()) and samples > 1 and rollout.agent.default_agent_loop != SEEDED_AGENT_LOOP:
         found.append(
             f"actor_rollout_ref.rollout.agent.default_agent_loop={rollout.agent.default_agent_loop}: under "
-            "full_determinism verl 0.9.1 samples every response with one seed, so the "
-            f"actor_rollout_ref.rollout.n={rollout.n} responses of a prompt would be the same and GRPO's advantages "
-            f"zero; set it to {SEEDED_AGENT_LOOP} (determinism=full does)"
+            f"full_determinism verl 0.9.1 samples every response with one seed, so the {samples} responses of a "
+            "prompt (rollout.n, rollout.val_kwargs.n) would be the same, GRPO's advantages zero and avg@k a single "
+            f"sample; set it to {SEEDED_AGENT_LOOP} (determinism=full does)"
         )
     model = config.actor_rollout_ref.model
     implementation = model.override_config.get("attn_implementation")
