@@ -91,7 +91,9 @@ def test_each_response_of_a_group_gets_a_seed_of_its_own_and_a_rerun_the_same(to
     assert {params["seed"] for _, params in rollout(other, tokenizer, v1)}.isdisjoint(seeds)  # another run seed
     if v1:
         assert {params["seed"] for _, params in rollout(config, tokenizer, v1, step=6)}.isdisjoint(seeds)
-    assert {params["seed"] for _, params in rollout(config, tokenizer, v1, seed=5)} == {5}  # a given seed is kept
+    given = rollout(config, tokenizer, v1, seed=5)
+    assert {params["seed"] for _, params in given} == {5}  # a given seed is sent
+    assert len({request_id for request_id, _ in given}) == len(given)  # and the requests keep names of their own
 
 
 def test_without_determinism_the_loop_is_verls(tokenizer):
@@ -109,4 +111,5 @@ def test_request_seed_depends_on_the_run_seed_the_prompt_and_the_place():
     assert seed == request_seed(42, [dict(PROMPTS[0][0])], 5, 3, 0)  # a copy of the messages: the same seed
     others = request_seed(43, PROMPTS[0], 5, 3, 0), request_seed(42, PROMPTS[1], 5, 3, 0)
     others += request_seed(42, PROMPTS[0], 6, 3, 0), request_seed(42, PROMPTS[0], 5, 4, 0)
-    assert len({seed, *others}) == 5
+    others += (request_seed(42, PROMPTS[0], 5, 3, 1),)  # the prompt's text again, from another row of the data
+    assert len({seed, *others}) == 6

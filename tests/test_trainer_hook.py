@@ -579,12 +579,16 @@ def test_with_determinism_a_batch_is_trained_in_the_order_its_prompts_were_submi
         trainer = make_trainer(config, StandInActorWorkerGroup())
         trainer.trainer_mode, trainer.agent_loop_manager = "sync", StandInAgentLoopManager()
         trainer.tokenizer, trainer.use_critic = type("Tokenizer", (), {"eos_token_id": 0})(), False
-        batch = TensorDict({"raw_prompt": torch.zeros(prompts)}, batch_size=[prompts])
-        batch["uid"] = uids
+        batch = TensorDict({"raw_prompt": torch.zeros(prompts + 1)}, batch_size=[prompts + 1])
+        batch["uid"] = ["prompt-9", *uids]  # the first: a prompt verl's buffer drops (e.g. DAPO's filter)
         trainer._submit_batch_to_rollout(batch)
         meta = KVBatchMeta(partition_id="train", keys=order, tags=[{"seq_len": lengths[k]} for k in order])
-        return trainer._balance_batch(meta, metrics={}).keys
+        trained = trainer._balance_batch(meta, metrics={}).keys
+        assert trainer.__dict__.get("_submitted", {}) == {}  # nothing kept of the trained and the dropped prompts
+        return trained
 
     assert trained_order(True, finished[0]) == trained_order(True, finished[1])
     assert trained_order(False, finished[0]) != trained_order(False, finished[1])  # verl's: the finishing order
     assert submission_order(finished[1], {uid: i for i, uid in enumerate(uids)}) == [7, 6, 5, 4, 3, 2, 1, 0]
+    # prompts submitted before a resume (no number here): first, by uid, whatever order they finished in
+    assert [finished[1][i] for i in submission_order(finished[1], {})] == sorted(keys)

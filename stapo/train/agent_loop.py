@@ -28,9 +28,10 @@ from stapo.config import SEEDED_AGENT_LOOP
 
 def request_seed(seed: int, prompt: Any, *where: Any) -> int:
     """The sampling seed of one request: a 31-bit hash of the run's rollout seed, the prompt's messages and ``where``,
-    what tells the request apart from the others of its prompt: the step (V1's ``global_steps``), the response's
-    index in its group (V1's ``session_id``) and its place in the batch (V0's ``priority``). The n responses of a
-    prompt get n different seeds, and a rerun of the step (or a resumed run) gets the same ones."""
+    what tells the request apart from the others of its step: the step (V1's ``global_steps``), the prompt's row in
+    the data (``index``: the same text twice in one step gets other seeds), the response's index in its group (V1's
+    ``session_id``) and its place in the batch (V0's ``priority``). The n responses of a prompt get n different
+    seeds, and a rerun of the step (or a resumed run) gets the same ones."""
     text = json.dumps([seed, [str(w) for w in where], list(prompt)], sort_keys=True, default=str)
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") & 0x7FFF_FFFF
 
@@ -38,14 +39,14 @@ def request_seed(seed: int, prompt: Any, *where: Any) -> int:
 @register(SEEDED_AGENT_LOOP)
 class SeededSingleTurnAgentLoop(SingleTurnAgentLoop):
     """verl's :class:`SingleTurnAgentLoop` that, under ``rollout.full_determinism``, gives each request the seed of
-    :func:`request_seed` (a seed already in ``sampling_params`` is kept) and, where verl's V1 worker gave it no place
-    (a ``session_id`` and ``priority`` 0), that seed as its place; otherwise verl's loop unchanged."""
+    :func:`request_seed` (a seed already in ``sampling_params`` is sent instead) and, where verl's V1 worker gave it
+    no place (a ``session_id`` and ``priority`` 0), that seed as its place; otherwise verl's loop unchanged."""
 
     async def run(self, sampling_params: dict[str, Any], priority: int = 0, **kwargs) -> AgentLoopOutput:
         if self.rollout_config.full_determinism:
-            where = kwargs.get("global_steps"), kwargs.get("session_id"), int(priority)
+            where = kwargs.get("global_steps"), kwargs.get("index"), kwargs.get("session_id"), int(priority)
             seed = request_seed(self.rollout_config.seed, kwargs["raw_prompt"], *where)
             sampling_params = {"seed": seed, **sampling_params}
             if "session_id" in kwargs and not priority:  # verl's V1 worker: no place of its own
-                priority = sampling_params["seed"]
+                priority = seed
         return await super().run(sampling_params, priority=priority, **kwargs)

@@ -109,11 +109,12 @@ def submission_order(keys: list[str], submitted: dict[str, int]) -> list[int]:
     output: one order for a step however its responses finished. verl 0.9.1's V1 replay buffer lists them in the
     order they finished, which differs from run to run (verl's docs/advance/determinism.md: "V1 ... collects outputs
     in completion order", and asks for the V0 trainer, which the recipe's trainer modes are not). Prompts submitted
-    before a resume (in flight in an asynchronous mode's checkpoint) come first, in the order given."""
+    before a resume (in flight in an asynchronous mode's checkpoint) come first, by uid."""
 
-    def rank(i: int) -> tuple[int, int, int]:
+    def rank(i: int) -> tuple[int, str, int, int]:
         uid, session, output = keys[i].split("_")
-        return submitted.get(uid, -1), int(session), int(output)
+        known = uid in submitted
+        return submitted[uid] if known else -1, "" if known else uid, int(session), int(output)
 
     return sorted(range(len(keys)), key=rank)
 
@@ -186,8 +187,10 @@ class STAPOMixin:
         if self.config.actor_rollout_ref.rollout.full_determinism:
             submitted = self.__dict__.get("_submitted", {})
             batch.reorder(submission_order(batch.keys, submitted))
-            for key in batch.keys:
-                submitted.pop(key.split("_")[0], None)
+            numbers = [submitted.pop(uid) for uid in {key.split("_")[0] for key in batch.keys} if uid in submitted]
+            first = min(numbers, default=-1)  # prompts submitted before this batch's and not in it: dropped by verl
+            for uid in [uid for uid, number in submitted.items() if number < first]:
+                del submitted[uid]
         return super()._balance_batch(batch, metrics, **kwargs)
 
     def _load_checkpoint(self):
