@@ -291,6 +291,10 @@ def test_determinism_full_reaches_every_flag_and_verls_environment(monkeypatch):
     assert line.startswith("actor_rollout_ref.rollout.agent.default_agent_loop=single_turn_agent: ")
     assert f"set it to {SEEDED_AGENT_LOOP} (determinism=full does)" in line
     assert cfg.actor_rollout_ref.rollout.agent.default_agent_loop == SEEDED_AGENT_LOOP
+    with pytest.raises(ConfigError) as refused:  # the asynchronous modes train on whichever groups finished
+        validate(load("stapo", "determinism=full", "trainer.v1.trainer_mode=stapo_colocate_async"), environment=False)
+    (line,) = str(refused.value).splitlines()
+    assert line.startswith("trainer.v1.trainer_mode=stapo_colocate_async with determinism=full: ")
     one = ["actor_rollout_ref.rollout.n=1", "actor_rollout_ref.rollout.val_kwargs.n=1"]
     validate(load("stapo", *flags, *one), environment=False)  # one response a prompt: nothing to tell apart
     with pytest.raises(ConfigError, match="default_agent_loop=single_turn_agent: "):

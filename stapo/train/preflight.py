@@ -357,6 +357,13 @@ def config_problems(config: DictConfig) -> list[str]:
             "determinism=full (or determinism=none)"
         )
     rollout = config.actor_rollout_ref.rollout
+    mode = config.trainer.v1.trainer_mode
+    if all(flags.values()) and TRAINER_MODES.get(mode, "sync") != "sync":
+        found.append(
+            f"trainer.v1.trainer_mode={mode} with determinism=full: in an asynchronous mode the groups a step trains "
+            f"on depend on when their rollouts finish, so two runs cannot match; use {TRAINER_MODE} (or "
+            "determinism=none)"
+        )
     samples = max(rollout.n, rollout.val_kwargs.n)  # responses a prompt gets in training or validation
     if all(flags.values()) and samples > 1 and rollout.agent.default_agent_loop != SEEDED_AGENT_LOOP:
         found.append(
