@@ -299,3 +299,36 @@ def test_determinism_full_reaches_every_flag_and_verls_environment(monkeypatch):
     validate(load("stapo", *flags, *one), environment=False)  # one response a prompt: nothing to tell apart
     with pytest.raises(ConfigError, match="default_agent_loop=single_turn_agent: "):
         validate(load("stapo", *flags, one[0]), environment=False)  # validation's avg@32 would be one sample
+
+
+def test_the_launching_shells_paths_reach_the_runs_processes_on_any_cluster(monkeypatch, tmp_path):
+    """``VERL_FILE_LOGGER_PATH`` and ``STAPO_AUDIT_DIR`` set where a run is launched travel in its Ray runtime
+    environment, as absolute paths, to the cluster's processes (which get the cluster's environment, not the
+    driver's): what verl's main_ppo hands to ``ray.init`` (stopped there: no cluster is needed to see it)."""
+    from verl.trainer import main_ppo
+
+    from stapo.train.main import forward_env
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", "runs/a.jsonl")
+    monkeypatch.delenv("STAPO_AUDIT_DIR", raising=False)
+    cfg = load("stapo")
+    forward_env(cfg)
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def stop(**kwargs):
+        seen.update(kwargs)
+        raise Stop
+
+    monkeypatch.setattr(main_ppo.ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(main_ppo.ray, "init", stop)
+    with pytest.raises(Stop):
+        main_ppo.run_ppo(cfg, task_runner_class=main_ppo.TaskRunnerV1)
+    env_vars = seen["runtime_env"]["env_vars"]
+    assert env_vars["VERL_FILE_LOGGER_PATH"] == str(tmp_path / "runs" / "a.jsonl") and "STAPO_AUDIT_DIR" not in env_vars
+    given = load("stapo", "+ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH=/given/m.jsonl")
+    forward_env(given)  # one set in the config (the quickstart's runs) is kept
+    assert given.ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH == "/given/m.jsonl"

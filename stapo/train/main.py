@@ -10,12 +10,13 @@ Ray will look for it, and then runs verl's V1 task runner unchanged. Any Hydra o
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import fields
 from pathlib import Path
 
 import hydra
-from omegaconf import DictConfig
+from omegaconf import DictConfig, open_dict
 
 from stapo.config import CONFIG_DIR, StapoConfig, StapoConfigError, methods, sizes
 from stapo.train import preflight
@@ -54,8 +55,25 @@ def validate(config: DictConfig, environment: bool = True) -> StapoConfig:
     return stapo
 
 
+FORWARDED_ENV = ("VERL_FILE_LOGGER_PATH", "STAPO_AUDIT_DIR")
+"""Paths set in the launching shell that verl's processes read: Ray hands a job's processes the environment of the
+cluster they run in, not the driver's, so on a cluster given by ``RAY_ADDRESS`` (scripts/slurm.sbatch) they would
+not arrive (a run of 2026-11-28 wrote its metrics to verl's default path). They travel in the run's Ray runtime
+environment, as absolute paths (the processes' working folder differs); one set there already is kept."""
+
+
+def forward_env(config: DictConfig) -> None:
+    """Copy :data:`FORWARDED_ENV` from this process into ``ray_kwargs.ray_init.runtime_env.env_vars``."""
+    env_vars = config.ray_kwargs.ray_init.runtime_env.env_vars
+    with open_dict(env_vars):
+        for name in FORWARDED_ENV:
+            if os.environ.get(name) and name not in env_vars:
+                env_vars[name] = str(Path(os.environ[name]).absolute())
+
+
 def run(config: DictConfig) -> None:
     validate(config)
+    forward_env(config)
     preflight.check_installed()
     from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
 
