@@ -1,16 +1,25 @@
 """Test-wide environment and fixtures.
 
-Ray started by a test writes no authentication token under $HOME (~/.ray). Tests own their Ray clusters: a cluster
-that another process runs on the machine (a user's job, another test suite), before the test or during it, is not the
-test's, and :func:`foreign_ray_ignored` keeps the preflight's view of the machine to the clusters the test starts.
+Ray started by a test writes no authentication token under $HOME (~/.ray), and keeps its files (sessions, and the
+record of the latest cluster that a plain ``ray.init()`` reads) in a folder of this test session's own
+(``RAY_TMPDIR``), not in the machine's /tmp/ray, which another suite or a user's job may write meanwhile (a suite run
+beside this one's CI run wrote /tmp/ray/ray_current_cluster during a test, which then saw it as its own leftover).
+Tests own their Ray clusters: a cluster that another process runs on the machine, before the test or during it, is
+not the test's, and :func:`foreign_ray_ignored` keeps the preflight's view of the machine to the clusters the test
+starts.
 """
 
+import atexit
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 
 os.environ["RAY_AUTH_MODE"] = "disabled"
+os.environ["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's socket paths have a length limit
+atexit.register(shutil.rmtree, os.environ["RAY_TMPDIR"], ignore_errors=True)
 
 
 def descends_from(pid: int, ancestor: int) -> bool:

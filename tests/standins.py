@@ -98,7 +98,11 @@ def _save_rank(rank: int, world: int, port: int, model_dir: str, run_dir: str, s
     folder = Path(run_dir) / f"global_step_{step}"
     manager.save_checkpoint(str(folder / "actor"), global_step=step)
     if rank == 0:  # what verl's trainer writes after the workers' checkpoint (trainer_base._save_checkpoint)
-        torch.save({"stand-in": "dataloader state"}, folder / "data.pt")
+        from torchdata.stateful_dataloader import StatefulDataLoader  # verl's dataloader, of the recipe's 0 workers
+
+        loader = StatefulDataLoader(list(range(8)), batch_size=2, num_workers=0)
+        next(iter(loader))
+        torch.save(loader.state_dict(), folder / "data.pt")
         (Path(run_dir) / "latest_checkpointed_iteration.txt").write_text(str(step))
     dist.destroy_process_group()
 

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 
 from stapo.config import CONFIG_DIR
@@ -132,7 +133,17 @@ def fake_checkpoint(folder, world=1, missing=()):
     for name in [*names, "fsdp_config.json"]:
         if name not in missing:
             (actor / name).write_bytes(b"x")
-    (folder / "data.pt").write_bytes(b"x")
+    torch.save(dataloader_state(workers=0), folder / "data.pt")
+
+
+def dataloader_state(workers: int) -> dict:
+    """What verl saves as data.pt: a torchdata StatefulDataLoader's state after two batches."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    loader = StatefulDataLoader(list(range(16)), batch_size=4, shuffle=True, num_workers=workers)
+    it = iter(loader)
+    next(it), next(it)
+    return loader.state_dict()
 
 
 def test_resume_problems(files, tmp_path, monkeypatch):
@@ -161,6 +172,22 @@ def test_resume_problems(files, tmp_path, monkeypatch):
     (line,) = check()
     assert line.startswith(f"checkpoint {ckpt / 'global_step_4'} is incomplete for 1 GPUs: 1 file(s) missing or empty")
     assert check("actor_rollout_ref.actor.checkpoint.save_contents=[model]") == []  # only what the run saves
+    data = ckpt / "global_step_2" / "data.pt"
+    tracker.write_text("2")
+    torch.save(dataloader_state(workers=2), data)  # a run of verl's default, 8 workers (2 here)
+    (line,) = check()
+    assert line == (
+        f"{data} was written by a dataloader with dataloader worker processes, which data.dataloader_num_workers=0 "
+        "cannot restore; set data.dataloader_num_workers to a positive number, e.g. 8 (verl's default) to resume "
+        "this run"
+    )
+    assert check("data.dataloader_num_workers=8") == []
+    torch.save(dataloader_state(workers=0), data)
+    (line,) = check("data.dataloader_num_workers=8")
+    assert "without dataloader worker processes" in line and "set data.dataloader_num_workers to 0" in line
+    data.write_bytes(b"x")
+    (line,) = check()
+    assert line == f"{data}: not a readable dataloader state (UnpicklingError); resume from an earlier global_step_N"
     (line,) = check("trainer.max_actor_ckpt_to_keep=1")
     assert line.startswith("trainer.max_actor_ckpt_to_keep=1: verl deletes the previous checkpoint")
     assert check("trainer.max_actor_ckpt_to_keep=1", "trainer.resume_mode=disable") == []

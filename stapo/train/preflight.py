@@ -458,4 +458,28 @@ def resume_problems(config: DictConfig) -> list[str]:
             f"{missing[0].relative_to(folder)}{hint}; resume from an earlier global_step_N (write its N into the "
             f"tracker) or set trainer.resume_mode=disable"
         ]
+    return dataloader_state_problems(folder / "data.pt", config.data.get("dataloader_num_workers", 0))
+
+
+def dataloader_state_problems(path: Path, workers: int) -> list[str]:
+    """Whether verl can restore the dataloader state ``path`` (``data.pt``, torchdata's ``StatefulDataLoader``) into a
+    dataloader of ``workers`` worker processes: a state written with workers does not load into one without them, and
+    the other way round (torchdata asserts, after Ray and the workers have started); one line, or none."""
+    import torch
+
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)  # as verl loads it
+    except Exception as error:  # torch raises several kinds for a damaged file
+        kind = type(error).__name__
+        return [f"{path}: not a readable dataloader state ({kind}); resume from an earlier global_step_N"]
+    if not isinstance(state, dict):
+        return [f"{path}: not a dataloader state; resume from an earlier global_step_N"]
+    saved = "_snapshot" in state  # torchdata's multi-process state; a single-process one has _num_yielded at the top
+    if saved != (workers > 0):
+        was = "with dataloader worker processes" if saved else "without dataloader worker processes"
+        fix = "a positive number, e.g. 8 (verl's default)" if saved else "0 (the recipe's default)"
+        return [
+            f"{path} was written by a dataloader {was}, which data.dataloader_num_workers={workers} cannot restore; "
+            f"set data.dataloader_num_workers to {fix} to resume this run"
+        ]
     return []

@@ -148,6 +148,12 @@ WORKAROUNDS = (
         "flash-attn installs from a wheel, or verl supports torch's varlen attention",
     ),
     Workaround(
+        "configs/base.yaml:data.dataloader_num_workers",
+        "verl 0.9.1's dataloader worker processes are killed before the task runner when Ray ends a run, and torch's "
+        "SIGCHLD handler prints a 'DataLoader worker ... is killed by signal' traceback at the end of every run",
+        "verl stops its dataloaders before its task runner exits",
+    ),
+    Workaround(
         "configs/base.yaml:ray_kwargs.ray_init.runtime_env.env_vars.VLLM_DISABLE_COMPILE_CACHE",
         "verl 0.9.1 turns vLLM's compile cache off for every run (vllm#31199, corrupted artifacts of concurrent "
         "engines before torch 2.10's atomic writes, pytorch#162432), so every launch compiles again",
