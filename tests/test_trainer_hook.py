@@ -7,6 +7,7 @@ records each mini-batch it would train on.
 """
 
 import functools
+import itertools
 import json
 import math
 import time
@@ -126,6 +127,7 @@ def make_trainer(config, wg):
     trainer = STAPOTrainer.__new__(STAPOTrainer)  # no __init__: it would start Ray worker groups on GPUs
     trainer.config = config
     trainer.stapo = validate_training_config(config)
+    trainer._submitted, trainer._submissions = {}, itertools.count()  # what STAPOMixin.__init__ sets
     trainer.actor_rollout_wg = wg
     trainer.global_steps = 1
     return trainer
@@ -584,7 +586,7 @@ def test_with_determinism_a_batch_is_trained_in_the_order_its_prompts_were_submi
         trainer._submit_batch_to_rollout(batch)
         meta = KVBatchMeta(partition_id="train", keys=order, tags=[{"seq_len": lengths[k]} for k in order])
         trained = trainer._balance_batch(meta, metrics={}).keys
-        assert trainer.__dict__.get("_submitted", {}) == {}  # nothing kept of the trained and the dropped prompts
+        assert trainer._submitted == {}  # nothing kept of the trained and the dropped prompts
         return trained
 
     assert trained_order(True, finished[0]) == trained_order(True, finished[1])

@@ -34,6 +34,7 @@ trained in the order its prompts were submitted (:func:`submission_order`), not 
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -162,6 +163,8 @@ class STAPOMixin:
 
     def __init__(self, config):
         self.stapo = validate_training_config(config)
+        self._submitted: dict[str, int] = {}  # uid -> submission number, with full_determinism (_balance_batch)
+        self._submissions = itertools.count()
         super().__init__(config)
 
     def _build_replay_buffer(self):
@@ -176,9 +179,7 @@ class STAPOMixin:
 
     def _submit_batch_to_rollout(self, batch: TensorDict) -> int:
         if self.config.actor_rollout_ref.rollout.full_determinism:  # numbered for the batch's order (_balance_batch)
-            submitted, first = self.__dict__.setdefault("_submitted", {}), self.__dict__.get("_submissions", 0)
-            submitted.update({uid: first + i for i, uid in enumerate(batch["uid"])})
-            self._submissions = first + len(batch)
+            self._submitted.update({uid: next(self._submissions) for uid in batch["uid"]})
         return super()._submit_batch_to_rollout(batch)
 
     def _balance_batch(self, batch: KVBatchMeta, metrics, **kwargs) -> KVBatchMeta:
@@ -186,7 +187,7 @@ class STAPOMixin:
         order its prompts were submitted (:func:`submission_order`), so that the ranks' shares and the PPO
         mini-batches (and with them the S2T quantile pools) are those of any other run of the same command."""
         if self.config.actor_rollout_ref.rollout.full_determinism:
-            submitted = self.__dict__.get("_submitted", {})
+            submitted = self._submitted
             batch.reorder(submission_order(batch.keys, submitted))
             numbers = [submitted.pop(uid) for uid in {key.split("_")[0] for key in batch.keys} if uid in submitted]
             first = min(numbers, default=-1)  # prompts submitted before this batch's and not in it: dropped by verl
