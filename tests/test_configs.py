@@ -257,6 +257,7 @@ def test_determinism_full_reaches_every_flag_and_verls_environment(monkeypatch):
     assert not any(OmegaConf.select(load("stapo"), key) for key in preflight.DETERMINISM)  # off by default
     rollout = omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout)
     assert not rollout.enable_prefix_caching and rollout.agent.default_agent_loop == SEEDED_AGENT_LOOP
+    assert rollout.enforce_eager and not load("stapo").actor_rollout_ref.rollout.enforce_eager
     assert load("stapo").actor_rollout_ref.rollout.enable_prefix_caching  # verl's default stays otherwise
 
     class Stop(Exception):
@@ -282,7 +283,7 @@ def test_determinism_full_reaches_every_flag_and_verls_environment(monkeypatch):
     assert "set determinism=full" in line
 
     # all three flags but verl's own agent loop: every response of a prompt would be sampled with one seed
-    flags = [f"{key}=true" for key in preflight.DETERMINISM]
+    flags = [f"{key}=true" for key in preflight.DETERMINISM] + ["actor_rollout_ref.rollout.enforce_eager=true"]
     same_seed = load("stapo", *flags)
     assert same_seed.actor_rollout_ref.rollout.agent.default_agent_loop == "single_turn_agent"  # verl's default
     with pytest.raises(ConfigError) as refused:
@@ -295,6 +296,10 @@ def test_determinism_full_reaches_every_flag_and_verls_environment(monkeypatch):
         validate(load("stapo", "determinism=full", "trainer.v1.trainer_mode=stapo_colocate_async"), environment=False)
     (line,) = str(refused.value).splitlines()
     assert line.startswith("trainer.v1.trainer_mode=stapo_colocate_async with determinism=full: ")
+    with pytest.raises(ConfigError) as refused:  # a compiled vLLM does not start under verl's determinism
+        validate(load("stapo", "determinism=full", "actor_rollout_ref.rollout.enforce_eager=false"), environment=False)
+    (line,) = str(refused.value).splitlines()
+    assert line.startswith("actor_rollout_ref.rollout.enforce_eager=false with determinism=full: ")
     one = ["actor_rollout_ref.rollout.n=1", "actor_rollout_ref.rollout.val_kwargs.n=1"]
     validate(load("stapo", *flags, *one), environment=False)  # one response a prompt: nothing to tell apart
     with pytest.raises(ConfigError, match="default_agent_loop=single_turn_agent: "):

@@ -364,6 +364,12 @@ def config_problems(config: DictConfig) -> list[str]:
             f"on depend on when their rollouts finish, so two runs cannot match; use {TRAINER_MODE} (or "
             "determinism=none)"
         )
+    if all(flags.values()) and not rollout.enforce_eager:
+        found.append(
+            "actor_rollout_ref.rollout.enforce_eager=false with determinism=full: verl 0.9.1 turns on torch's "
+            "deterministic algorithms in vLLM's workers, where torch 2.11's Inductor refuses the benchmarking of "
+            "vLLM 0.24's compile and the engine fails to start; set it to true (determinism=full does)"
+        )
     samples = max(rollout.n, rollout.val_kwargs.n)  # responses a prompt gets in training or validation
     if all(flags.values()) and samples > 1 and rollout.agent.default_agent_loop != SEEDED_AGENT_LOOP:
         found.append(

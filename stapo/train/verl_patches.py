@@ -123,6 +123,14 @@ WORKAROUNDS = (
         "vLLM's batch invariance covers prefix caching",
     ),
     Workaround(
+        "configs/determinism/full.yaml:actor_rollout_ref.rollout.enforce_eager",
+        "verl 0.9.1 calls torch.use_deterministic_algorithms in vLLM's workers under full_determinism "
+        "(vLLMColocateWorkerExtension); torch 2.11's Inductor then refuses the kernel benchmarking of vLLM 0.24's "
+        "torch.compile ('In the deterministic mode of Inductor, we will avoid those benchmarkings') and the engine "
+        "fails to start (H200, 2026-11-28)",
+        "vLLM's compiled model starts under torch's deterministic algorithms",
+    ),
+    Workaround(
         "stapo.train.trainer:STAPOMixin.step",
         "verl 0.9.1's MetricsAggregator (verl/trainer/ppo/v1/utils.py) reduces the local updates of a separate_async "
         "step (parameter_sync_step > 1) by a sample-weighted mean for every metric it has no rule for: the mask's "
