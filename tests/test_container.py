@@ -145,7 +145,12 @@ def _sbatch(tmp_path, container=None, nodes=2):
     stubs = tmp_path / "stubs"
     stubs.mkdir()
     log = tmp_path / "calls"
-    record = f'printf \'%s\\0\' "$(basename "$0")" "$@" \'{CALLS_END}\' >>{log}\n'
+    # one write a record (cat of a file written first): bash's printf flushes at each newline, so the records of
+    # steps started in the background (`ray start`, whose `bash -c` script has newlines) interleaved with others
+    record = (
+        f't=$(mktemp) && printf \'%s\\0\' "$(basename "$0")" "$@" \'{CALLS_END}\' >"$t" && '
+        f'cat "$t" >>{log} && rm "$t"\n'
+    )
     # srun answers the host-name step (one name per node) and the head's `test -s ray_current_cluster` check
     _stub(
         stubs,
