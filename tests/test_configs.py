@@ -282,7 +282,7 @@ def test_determinism_full_reaches_every_flag_and_verls_environment(monkeypatch):
     assert line.startswith("determinism is partial (actor_rollout_ref.rollout.full_determinism=true, ")
     assert "set determinism=full" in line
 
-    # all three flags but verl's own agent loop: every response of a prompt would be sampled with one seed
+    # all three flags (and eager vLLM) but verl's own agent loop: every response of a prompt would have one seed
     flags = [f"{key}=true" for key in preflight.DETERMINISM] + ["actor_rollout_ref.rollout.enforce_eager=true"]
     same_seed = load("stapo", *flags)
     assert same_seed.actor_rollout_ref.rollout.agent.default_agent_loop == "single_turn_agent"  # verl's default
