@@ -350,7 +350,8 @@ def config_problems(config: DictConfig) -> list[str]:
     ``separate_async``'s conditions, and the attention settings (after :func:`resolve_auto`); one line each."""
     found = separate_async_problems(config)
     flags = {key: bool(OmegaConf.select(config, key)) for key in DETERMINISM}
-    if any(flags.values()) and not all(flags.values()):
+    full = all(flags.values())
+    if any(flags.values()) and not full:
         state = ", ".join(f"{key}={str(on).lower()}" for key, on in flags.items())
         found.append(
             f"determinism is partial ({state}): two runs compute the same numbers only with all of them on; set "
@@ -358,20 +359,20 @@ def config_problems(config: DictConfig) -> list[str]:
         )
     rollout = config.actor_rollout_ref.rollout
     mode = config.trainer.v1.trainer_mode
-    if all(flags.values()) and TRAINER_MODES.get(mode, "sync") != "sync":
+    if full and TRAINER_MODES.get(mode, "sync") != "sync":
         found.append(
             f"trainer.v1.trainer_mode={mode} with determinism=full: in an asynchronous mode the groups a step trains "
             f"on depend on when their rollouts finish, so two runs cannot match; use {TRAINER_MODE} (or "
             "determinism=none)"
         )
-    if all(flags.values()) and not rollout.enforce_eager:
+    if full and not rollout.enforce_eager:
         found.append(
             "actor_rollout_ref.rollout.enforce_eager=false with determinism=full: verl 0.9.1 turns on torch's "
             "deterministic algorithms in vLLM's workers, where torch 2.11's Inductor refuses the benchmarking of "
             "vLLM 0.24's compile and the engine fails to start; set it to true (determinism=full does)"
         )
     samples = max(rollout.n, rollout.val_kwargs.n)  # responses a prompt gets in training or validation
-    if all(flags.values()) and samples > 1 and rollout.agent.default_agent_loop != SEEDED_AGENT_LOOP:
+    if full and samples > 1 and rollout.agent.default_agent_loop != SEEDED_AGENT_LOOP:
         found.append(
             f"actor_rollout_ref.rollout.agent.default_agent_loop={rollout.agent.default_agent_loop}: under "
             f"full_determinism verl 0.9.1 samples every response with one seed, so the {samples} responses of a "
