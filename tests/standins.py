@@ -72,6 +72,17 @@ def write_checkpoint(model: Path, run_dir: Path, step: int, world: int = 1) -> P
     return run_dir / f"global_step_{step}"
 
 
+def dataloader_state(workers: int) -> dict:
+    """What verl saves as ``data.pt``: the state of its dataloader (torchdata's ``StatefulDataLoader``) with
+    ``workers`` worker processes, after two batches."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    loader = StatefulDataLoader(list(range(16)), batch_size=4, shuffle=True, num_workers=workers)
+    it = iter(loader)
+    next(it), next(it)
+    return loader.state_dict()
+
+
 def _save_rank(rank: int, world: int, port: int, model_dir: str, run_dir: str, step: int) -> None:
     import torch
     import torch.distributed as dist
@@ -98,11 +109,7 @@ def _save_rank(rank: int, world: int, port: int, model_dir: str, run_dir: str, s
     folder = Path(run_dir) / f"global_step_{step}"
     manager.save_checkpoint(str(folder / "actor"), global_step=step)
     if rank == 0:  # what verl's trainer writes after the workers' checkpoint (trainer_base._save_checkpoint)
-        from torchdata.stateful_dataloader import StatefulDataLoader  # verl's dataloader, of the recipe's 0 workers
-
-        loader = StatefulDataLoader(list(range(8)), batch_size=2, num_workers=0)
-        next(iter(loader))
-        torch.save(loader.state_dict(), folder / "data.pt")
+        torch.save(dataloader_state(workers=0), folder / "data.pt")  # the recipe's 0 workers
         (Path(run_dir) / "latest_checkpointed_iteration.txt").write_text(str(step))
     dist.destroy_process_group()
 

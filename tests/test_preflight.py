@@ -9,6 +9,7 @@ import sys
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
+from standins import dataloader_state
 
 from stapo.config import CONFIG_DIR
 from stapo.tools.data import prepare_eval
@@ -134,16 +135,6 @@ def fake_checkpoint(folder, world=1, missing=()):
         if name not in missing:
             (actor / name).write_bytes(b"x")
     torch.save(dataloader_state(workers=0), folder / "data.pt")
-
-
-def dataloader_state(workers: int) -> dict:
-    """What verl saves as data.pt: a torchdata StatefulDataLoader's state after two batches."""
-    from torchdata.stateful_dataloader import StatefulDataLoader
-
-    loader = StatefulDataLoader(list(range(16)), batch_size=4, shuffle=True, num_workers=workers)
-    it = iter(loader)
-    next(it), next(it)
-    return loader.state_dict()
 
 
 def test_resume_problems(files, tmp_path, monkeypatch):
