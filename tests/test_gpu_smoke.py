@@ -103,6 +103,18 @@ def test_multi_node_overrides_size_vllm_to_the_run_not_the_model(tmp_path):
     assert nodes["+ray_kwargs.ray_init.runtime_env.env_vars.NCCL_P2P_DISABLE"] == '"1"'
 
 
+@pytest.mark.parametrize("lag, correlation, fails", [(0, 0.994, True), (1, 0.994, False), (1, float("nan"), True)])
+def test_the_floor_holds_where_vllm_had_the_actors_weights(tmp_path, lag, correlation, fails):
+    """Check 8 after a policy lag: the rollout came from older weights (asynchronous trainers), so a lower
+    correlation is no disagreement of the kernels; one that is not logged still is a problem."""
+    problems, _ = check(
+        "stapo", write_run(tmp_path / "run", GOOD, correlation=correlation, lag=lag), gpus=1,
+        trainer_mode="stapo_separate_async",
+    )  # fmt: skip
+    assert problems == (["step 1: vLLM's and the actor's probabilities correlate " + f"{correlation:.6f} (< 0.999)"]
+                        if fails else [])  # fmt: skip
+
+
 def test_a_real_shape_run_has_its_own_correlation_floor(tmp_path):
     """A random 1.7B's 0.9988 (docs/scale.md) passes with --shape's floor and fails the tiny model's."""
     from stapo.checks.gpu_smoke import MIN_PROBS_CORRELATION, SHAPE_PROBS_CORRELATION

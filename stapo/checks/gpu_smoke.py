@@ -25,7 +25,9 @@ It exits non-zero if any of these fails, for every STAPO run:
      mask in float32;
 and for every run, JustRL included: 7. the s2t/* metrics (S2T rule and gradient-norm bound) are logged every step,
 and no process warned that entropies arrived in another dtype than float32; 8. vLLM's and the actor's probabilities
-of the sampled tokens agree (Pearson correlation ≥ :data:`MIN_PROBS_CORRELATION` every step); 9. the policy lag
+of the sampled tokens agree (Pearson correlation ≥ :data:`MIN_PROBS_CORRELATION` in every step without policy lag: after
+a lag the rollout's weights are older than the actor's by design, so the correlation measures the lag, not the kernels'
+agreement, and is only logged; the asynchronous smokes of docs/async.md fell to 0.994 after two updates); 9. the policy lag
 (verl's ``training/off_policy/trajectory_staleness/max``: how many model versions behind the trained one the step's
 oldest rollout was) is logged every step, 0 in ``stapo_sync``.
 The reward is the fraction of digits in the response: continuous, so every group has positive and negative
@@ -221,12 +223,12 @@ def check(
     pearson = "training/rollout_actor_probs_pearson_corr"  # absent: not logged; null: logged as NaN
     correlation = [math.nan if s.get(pearson) is None else s[pearson] for s in steps]
     summary["probs_correlation"] = [round(c, 6) if c == c else None for c in correlation]  # NaN: not logged
-    problems += [
-        f"step {i + 1}: vLLM's and the actor's probabilities correlate {c:.6f} (< {min_correlation})"
-        for i, c in enumerate(correlation)
-        if not c >= min_correlation
-    ]
     lag = [s.get(POLICY_LAG) for s in steps]
+    problems += [  # after a lag the rollout's weights are older than the actor's by design: logged, not held to it
+        f"step {i + 1}: vLLM's and the actor's probabilities correlate {c:.6f} (< {min_correlation})"
+        for i, (c, g) in enumerate(zip(correlation, lag))
+        if not c >= min_correlation and not (g and c == c)
+    ]
     summary["policy_lag"] = lag
     problems += [f"step {i + 1}: no {POLICY_LAG} (the policy lag)" for i, g in enumerate(lag) if g is None]
     if trainer_mode == "stapo_sync":
