@@ -25,11 +25,11 @@ It exits non-zero if any of these fails, for every STAPO run:
      mask in float32;
 and for every run, JustRL included: 7. the s2t/* metrics (S2T rule and gradient-norm bound) are logged every step,
 and no process warned that entropies arrived in another dtype than float32; 8. vLLM's and the actor's probabilities
-of the sampled tokens agree (Pearson correlation ≥ :data:`MIN_PROBS_CORRELATION` in every step without policy lag: after
-a lag the rollout's weights are older than the actor's by design, so the correlation measures the lag, not the kernels'
-agreement, and is only logged; the asynchronous smokes of docs/async.md fell to 0.994 after two updates); 9. the policy lag
-(verl's ``training/off_policy/trajectory_staleness/max``: how many model versions behind the trained one the step's
-oldest rollout was) is logged every step, 0 in ``stapo_sync``.
+of the sampled tokens agree (Pearson correlation ≥ :data:`MIN_PROBS_CORRELATION` in every step without policy lag:
+after a lag the rollout's weights are older than the actor's by design, so the correlation measures the lag, not the
+kernels' agreement, and is only logged; the asynchronous smokes of docs/async.md fell to 0.994 after two updates);
+9. the policy lag (verl's ``training/off_policy/trajectory_staleness/max``: how many model versions behind the
+trained one the step's oldest rollout was) is logged every step, 0 in ``stapo_sync``.
 The reward is the fraction of digits in the response: continuous, so every group has positive and negative
 advantages.
 """
