@@ -45,6 +45,36 @@ def test_the_model_moves_as_the_hardware_does():
     assert sum(runs[0]["shares"].values()) == pytest.approx(1.0)
 
 
+def test_the_trainer_modes_overlap_as_verl_runs_them():
+    """mode_seconds (docs/async.md): sync is the plain step; colocate_async generates two batches at once, which
+    saves where decoding is latency-bound and less where the KV cache is full; separate_async takes the longer of
+    generation and training on the split that is fastest; each is within 10 % of the step measured side by side."""
+    fit = cost.fitted()
+    few = cost.Shape("qwen3_1.7b", "h200", 1, 1, 0.6, 32, 46.5, 8000, 8192)
+    many = cost.size_shape("qwen3_8b", 1, 8, "h100", 256, 8, 200, 6000, 15360)
+    for shape in (few, many):
+        sync = cost.mode_seconds(fit, shape, "stapo")
+        colocate = cost.mode_seconds(fit, shape, "stapo", "colocate_async")
+        assert sync == cost.step_seconds(fit, shape, "stapo")
+        assert {**colocate, "generation": sync["generation"]} == sync and colocate["generation"] < sync["generation"]
+    generation = {s: [cost.mode_seconds(fit, s, "stapo", m)["generation"] for m in cost.MODES[:2]] for s in (few, many)}
+    assert generation[few][1] / generation[few][0] < generation[many][1] / generation[many][0]
+    two = cost.Shape(**{**few.__dict__, "gpus": 2})
+    separate = cost.mode_seconds(fit, two, "stapo", "separate_async")
+    train = cost.step_seconds(fit, few, "stapo")  # one trainer GPU
+    generation = fit.stage_seconds(few)["generation"]  # one rollout GPU
+    assert sum(separate.values()) == pytest.approx(
+        max(generation, train["old_log_prob"] + train["update"]) + train["other"]
+    )
+    with pytest.raises(ValueError, match="leave none to train"):
+        cost.mode_seconds(fit, few, "stapo", "separate_async")
+    rows = cost.load_modes()
+    assert sorted(row["mode"] for _, row in rows) == sorted(cost.MODES)
+    for shape, row in rows:
+        model = sum(cost.mode_seconds(fit, shape, row["method"], row["mode"]).values())
+        assert model == pytest.approx(row["step_s"], rel=0.10), row["name"]
+
+
 def test_the_commands(capsys):
     cost.main(["fit"])
     out = capsys.readouterr().out
@@ -53,6 +83,17 @@ def test_the_commands(capsys):
     cost.main(["table", "--nodes", "1", "--steps", "10"])
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("10 steps × 256 prompts × 8") and len(lines) == 3 + 3  # header, 3 sizes x 1 node
+    assert lines[1].endswith("| STAPO hours: colocate_async | separate_async |")
+    assert all(len(line.split("|")) == len(lines[1].split("|")) for line in lines[2:])
+    cost.main(["fit"])
+    assert sum(" | colocate_async | " in line for line in capsys.readouterr().out.splitlines()) == 1
+    cost.main(["project", "--size", "qwen3_1.7b", "--mode", "colocate_async", "--steps", "10"])
+    assert '"mode": "colocate_async"' in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        cost.main(["project", "--size", "qwen3_14b", "--mode", "separate_async", "--gpus-per-node", "4"])
+    assert "error: --mode separate_async: 4 GPU(s) leave none to train" in capsys.readouterr().err
+    cost.main(["table", "--nodes", "1", "--gpus-per-node", "4", "--steps", "10"])
+    assert capsys.readouterr().out.splitlines()[-1].endswith(" | – |")  # 14B: TP 4 leaves no GPU to train
     with pytest.raises(SystemExit):
         cost.main(["project", "--size", "qwen3_8b", "--length-start", "20000"])
     assert "--max-length 15360: must be at least --length-start and --length-end" in capsys.readouterr().err

@@ -3,6 +3,7 @@
     python -m stapo.tools.cost fit
     python -m stapo.tools.cost project --size qwen3_8b --nodes 2 [--gpu h100 --gpus-per-node 8 --method stapo
         --steps 3000 --prompts 256 --n 8 --prompt-length 200 --length-start 1000 --length-end 6000 --max-length 15360]
+    python -m stapo.tools.cost project --size qwen3_1.7b --mode colocate_async
     python -m stapo.tools.cost table [--nodes 1 2 4]
 
 A step is four stages (verl's ``timing_s``), each with a small physical model and one or two constants fitted to the
@@ -18,6 +19,11 @@ steps in ``measured_steps.json`` (docs/scale.md):
   model's parameters, fitted per stage.
 * **other** (weight sync to vLLM, the driver, rewards): ``c0 + c1 · parameters``.
 
+verl's asynchronous trainers overlap these stages (:func:`mode_seconds`, docs/async.md): ``colocate_async`` generates
+each batch together with the next, ``separate_async`` generates on GPUs of its own while the rest train. Their steps
+measured side by side with ``sync`` (``modes`` in ``measured_steps.json``) are not fitted: ``fit`` shows the model's
+step against each.
+
 GRPO adds a reference-policy forward (as long as the old log-probs); STAPO and 20-Entropy add the driver's mask at
 paper scale (0.2 s: docs/performance.md). ``fit`` prints every measured stage next to the model's value; ``project``
 and ``table`` take the paper's settings (3,000 steps of 256 prompts × 8) with the response length growing linearly
@@ -30,7 +36,7 @@ import argparse
 import functools
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -46,6 +52,9 @@ GPUS = {  # datasheet: HBM bandwidth (B/s), memory (bytes), dense bf16 (FLOP/s, 
 STAGES = ("generation", "old_log_prob", "update", "other")
 MASK_S = 0.2
 """The driver's mask, fold and restore for a paper-scale batch (docs/performance.md: 49-85 ms + 156 ms)."""
+MODES = ("sync", "colocate_async", "separate_async")
+"""verl 0.9.1's trainer modes (``trainer.v1.trainer_mode``: the recipe's ``stapo_sync``, ``stapo_colocate_async``,
+``stapo_separate_async``)."""
 
 
 @dataclass(frozen=True)
@@ -73,9 +82,10 @@ def qwen3_sizes() -> list[str]:
     return [size for size in sizes() if size in QWEN3_SHAPES]
 
 
+@functools.cache
 def model_facts(size: str) -> dict:
     """Parameters (tied embeddings once), weight bytes (bfloat16), key-value bytes per token and the config of a
-    Qwen3 shape; the parameters are counted on a model built on the ``meta`` device (no memory)."""
+    Qwen3 shape; the parameters are counted on a model built on the ``meta`` device (no memory), once per size."""
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -136,14 +146,23 @@ class Fit:
 def load_measured(path: Path = MEASURED) -> list[tuple[Shape, dict]]:
     """The measured steps: their shapes and the seconds of each stage (``other`` = step − the three stages)."""
     rows = json.loads(path.read_text())["steps"]
-    fields = Shape.__dataclass_fields__
     out = []
     for row in rows:
-        shape = Shape(**{k: row[k] for k in fields if k in row})
+        shape = row_shape(row)
         seconds = {stage: row[f"{stage}_s"] for stage in STAGES[:3]}
         seconds["other"] = row["step_s"] - sum(seconds.values())
         out.append((shape, {**seconds, "step": row["step_s"], "name": row["name"]}))
     return out
+
+
+def row_shape(row: dict) -> Shape:
+    """The shape of a row of ``measured_steps.json``."""
+    return Shape(**{k: row[k] for k in Shape.__dataclass_fields__ if k in row})
+
+
+def load_modes(path: Path = MEASURED) -> list[tuple[Shape, dict]]:
+    """The steps measured in each trainer mode side by side: shape, mode, step seconds, name."""
+    return [(row_shape(row), row) for row in json.loads(path.read_text())["modes"]]
 
 
 def fit(measured: list[tuple[Shape, dict]]) -> Fit:
@@ -178,6 +197,36 @@ def step_seconds(fit_: Fit, shape: Shape, method: str) -> dict[str, float]:
     return seconds
 
 
+def mode_seconds(fit_: Fit, shape: Shape, method: str, mode: str = "sync") -> dict[str, float]:
+    """One step of ``method`` in verl's trainer ``mode``, as stages that add up to the step (docs/async.md):
+
+    * ``sync``: generation, old log-probs, update and the rest, one after another;
+    * ``colocate_async``: vLLM generates each batch together with the next (verl's ``num_warmup_batches`` 1 with
+      partial rollouts), so a step's generation is half of generating 2B responses at once: shorter where decoding
+      is latency-bound (few sequences an engine), no shorter where the KV cache already holds all it can;
+    * ``separate_async``: R of the G GPUs generate while the other G − R train, so a step takes the longer of the
+      two plus the rest (``generation`` is the part the training does not hide), with R the multiple of the rollout's
+      TP that makes the step shortest.
+    """
+    seconds = step_seconds(fit_, shape, method)
+    if mode == "colocate_async":
+        seconds["generation"] = fit_.stage_seconds(replace(shape, responses=2 * shape.responses))["generation"] / 2
+    elif mode == "separate_async":
+        splits = []
+        for rollout in range(shape.tp, shape.gpus, shape.tp):
+            split = step_seconds(fit_, replace(shape, gpus=shape.gpus - rollout), method)
+            generation = fit_.stage_seconds(replace(shape, gpus=rollout))["generation"]
+            split["generation"] = max(0.0, generation - split["old_log_prob"] - split["update"])
+            splits.append(split)
+        if not splits:
+            gpus = f"{shape.gpus} GPU(s)"
+            raise ValueError(f"separate_async: {gpus} leave none to train beside a rollout of TP {shape.tp}")
+        seconds = min(splits, key=lambda split: sum(split.values()))
+    elif mode != "sync":
+        raise ValueError(f"mode {mode!r}: one of {', '.join(MODES)}")
+    return seconds
+
+
 def size_shape(size: str, nodes: int, gpus_per_node: int, gpu: str, prompts: int, n: int, prompt_length: float,
                response_length: float, max_length: float) -> Shape:  # fmt: skip
     """The shape of a paper step at ``size`` with its size file's rollout parallelism and memory share."""
@@ -188,19 +237,21 @@ def size_shape(size: str, nodes: int, gpus_per_node: int, gpu: str, prompts: int
     return Shape(size, gpu, nodes * gpus_per_node, tp, share, prompts * n, prompt_length, response_length, max_length)
 
 
-def project(args: argparse.Namespace, size: str, nodes: int, method: str, samples: int = 25) -> dict:
-    """Hours, GPU-hours and stage shares of a run whose mean response length grows linearly over its steps (the
-    step time averaged over ``samples`` points of the run)."""
+def project(
+    args: argparse.Namespace, size: str, nodes: int, method: str, samples: int = 25, mode: str = "sync"
+) -> dict:
+    """Hours, GPU-hours and stage shares of a run in trainer ``mode`` whose mean response length grows linearly over
+    its steps (the step time averaged over ``samples`` points of the run)."""
     fit_ = fitted()
     lengths = np.linspace(args.length_start, args.length_end, samples)
     shapes = [size_shape(size, nodes, args.gpus_per_node, args.gpu, args.prompts, args.n, args.prompt_length,
                          float(length), max(args.max_length, float(length))) for length in lengths]  # fmt: skip
-    per_step = [step_seconds(fit_, s, method) for s in shapes]
+    per_step = [mode_seconds(fit_, s, method, mode) for s in shapes]
     mean = {stage: float(np.mean([p[stage] for p in per_step])) for stage in STAGES}
     step = sum(mean.values())
     hours = step * args.steps / 3600
     return {
-        "size": size, "method": method, "nodes": nodes, "gpus": shapes[0].gpus, "gpu": args.gpu,
+        "size": size, "method": method, "mode": mode, "nodes": nodes, "gpus": shapes[0].gpus, "gpu": args.gpu,
         "step_s_first": sum(per_step[0].values()), "step_s_last": sum(per_step[-1].values()), "step_s_mean": step,
         "hours": hours, "gpu_hours": hours * shapes[0].gpus,
         "shares": {stage: mean[stage] / step for stage in STAGES},
@@ -226,7 +277,28 @@ def fit_report(fit_: Fit) -> str:
         for stage in (*STAGES, "step"):
             cells = " | ".join(f"{m[stage]:.1f} | {(m[stage] - seconds[stage]) / seconds[stage]:+.0%}" for m in models)
             lines.append(f"| {seconds['name']} | {stage} | {seconds[stage]:.1f} | {cells} |")
+    lines += [
+        "",
+        "Trainer modes, measured side by side (not fitted):",
+        "| step | mode | measured (s) | model (s) | error |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for shape, row in load_modes():
+        model = sum(mode_seconds(fit_, shape, row["method"], row["mode"]).values())
+        lines.append(
+            f"| {row['name']} | {row['mode']} | {row['step_s']:.1f} | {model:.1f} | "
+            f"{(model - row['step_s']) / row['step_s']:+.0%} |"
+        )
     return "\n".join(lines)
+
+
+def mode_hours(args: argparse.Namespace, size: str, nodes: int, mode: str) -> str:
+    """STAPO's hours in trainer ``mode`` as a table cell; "–" where the mode cannot run (separate_async on no more
+    GPUs than the rollout's TP)."""
+    try:
+        return f"{project(args, size, nodes, 'stapo', mode=mode)['hours']:.0f}"
+    except ValueError:
+        return "–"
 
 
 def table(args: argparse.Namespace) -> str:
@@ -237,8 +309,8 @@ def table(args: argparse.Namespace) -> str:
         f"{args.length_end:g} tokens, longest {args.max_length:g} every step, prompts {args.prompt_length:g}; "
         f"{args.gpus_per_node} × {args.gpu.upper()} a node",
         "| size | nodes | STAPO step (s), first → last | hours: GRPO | 20-Entropy | JustRL | STAPO | STAPO GPU-hours "
-        "| generation | old log-probs | update |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| generation | old log-probs | update | STAPO hours: colocate_async | separate_async |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for size in qwen3_sizes():
         for nodes in args.nodes:
@@ -246,9 +318,10 @@ def table(args: argparse.Namespace) -> str:
             stapo = runs["stapo"]
             hours = " | ".join(f"{runs[m]['hours']:.0f}" for m in order)
             shares = " | ".join(f"{100 * stapo['shares'][s]:.0f} %" for s in STAGES[:3])
+            modes = " | ".join(mode_hours(args, size, nodes, mode) for mode in MODES[1:])
             lines.append(
                 f"| {size} | {nodes} | {stapo['step_s_first']:.0f} → {stapo['step_s_last']:.0f} | {hours} | "
-                f"{stapo['gpu_hours']:,.0f} | {shares} |"
+                f"{stapo['gpu_hours']:,.0f} | {shares} | {modes} |"
             )
     return "\n".join(lines)
 
@@ -262,6 +335,7 @@ def main(argv: list[str] | None = None) -> None:
     project_.add_argument("--size", choices=qwen3_sizes(), required=True)
     project_.add_argument("--nodes", type=int, default=1)
     project_.add_argument("--method", choices=methods(), default="stapo")
+    project_.add_argument("--mode", choices=MODES, default="sync", help="verl's trainer mode (docs/async.md)")
     table_.add_argument("--nodes", type=int, nargs="+", default=[1, 2, 4])
     for command in (project_, table_):
         command.add_argument("--gpu", choices=sorted(GPUS), default="h100")
@@ -284,7 +358,10 @@ def main(argv: list[str] | None = None) -> None:
     if bad:
         parser.exit(2, "".join(f"error: {problem}\n" for problem in bad))
     if args.command == "project":
-        result = project(args, args.size, args.nodes, args.method)
+        try:
+            result = project(args, args.size, args.nodes, args.method, mode=args.mode)
+        except ValueError as error:  # separate_async without a GPU to train on
+            parser.exit(2, f"error: --mode {error}; give more --gpus-per-node or --nodes\n")
         print(json.dumps(result, indent=1))
     else:
         print(table(args))
