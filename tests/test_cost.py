@@ -66,8 +66,18 @@ def test_the_trainer_modes_overlap_as_verl_runs_them():
     assert sum(separate.values()) == pytest.approx(
         max(generation, train["old_log_prob"] + train["update"]) + train["other"]
     )
-    with pytest.raises(ValueError, match="leave none to train"):
+    with pytest.raises(cost.NoTrainerGPUs, match="leave none to train"):
         cost.mode_seconds(fit, few, "stapo", "separate_async")
+    node = cost.Shape(**{**few.__dict__, "gpus": 8})  # the split chosen is the fastest of the seven
+    steps = {r: sum(cost.mode_seconds(fit, node, "stapo", "separate_async", r).values()) for r in range(1, 8)}
+    assert sum(cost.mode_seconds(fit, node, "stapo", "separate_async").values()) == min(steps.values())
+    assert len(set(steps.values())) == 7
+    # verl places rollout GPUs as nodes × GPUs a node: TP multiples within a node, whole nodes across several
+    tp4 = cost.size_shape("qwen3_14b", 1, 8, "h100", 256, 8, 200, 3000, 15360)
+    assert cost.rollout_splits(tp4) == [4] and cost.rollout_splits(cost.Shape(**{**tp4.__dict__, "gpus": 32}), 8) == [
+        8, 16, 24]  # fmt: skip
+    run = cost.project(paper(), "qwen3_1.7b", 2, "stapo", mode="separate_async")
+    assert run["rollout_gpus"] == 8  # one split for the whole run, whole nodes
     rows = cost.load_modes()
     assert sorted(row["mode"] for _, row in rows) == sorted(cost.MODES)
     for shape, row in rows:

@@ -103,16 +103,19 @@ def test_multi_node_overrides_size_vllm_to_the_run_not_the_model(tmp_path):
     assert nodes["+ray_kwargs.ray_init.runtime_env.env_vars.NCCL_P2P_DISABLE"] == '"1"'
 
 
-@pytest.mark.parametrize("lag, correlation, fails", [(0, 0.994, True), (1, 0.994, False), (1, float("nan"), True)])
-def test_the_floor_holds_where_vllm_had_the_actors_weights(tmp_path, lag, correlation, fails):
-    """Check 8 after a policy lag: the rollout came from older weights (asynchronous trainers), so a lower
-    correlation is no disagreement of the kernels; one that is not logged still is a problem."""
+@pytest.mark.parametrize(
+    "lag, correlation, floor",
+    [(0, 0.994, 0.999), (1, 0.994, None), (1, 0.9, 0.99), (1, float("nan"), 0.99)],
+)
+def test_a_lagged_step_has_a_looser_floor(tmp_path, lag, correlation, floor):
+    """Check 8 after a policy lag: the rollout came from older weights (asynchronous trainers), so 0.994 is no
+    disagreement of the kernels there (it is where vLLM had the actor's weights); 0.9, or none logged, still is."""
     problems, _ = check(
         "stapo", write_run(tmp_path / "run", GOOD, correlation=correlation, lag=lag), gpus=1,
         trainer_mode="stapo_separate_async",
     )  # fmt: skip
-    assert problems == (["step 1: vLLM's and the actor's probabilities correlate " + f"{correlation:.6f} (< 0.999)"]
-                        if fails else [])  # fmt: skip
+    expected = f"step 1: vLLM's and the actor's probabilities correlate {correlation:.6f} (< {floor})"
+    assert problems == ([expected] if floor else [])
 
 
 def test_a_real_shape_run_has_its_own_correlation_floor(tmp_path):

@@ -25,9 +25,8 @@ It exits non-zero if any of these fails, for every STAPO run:
      mask in float32;
 and for every run, JustRL included: 7. the s2t/* metrics (S2T rule and gradient-norm bound) are logged every step,
 and no process warned that entropies arrived in another dtype than float32; 8. vLLM's and the actor's probabilities
-of the sampled tokens agree (Pearson correlation ≥ :data:`MIN_PROBS_CORRELATION` in every step without policy lag:
-after a lag the rollout's weights are older than the actor's by design, so the correlation measures the lag, not the
-kernels' agreement, and is only logged; the asynchronous smokes of docs/async.md fell to 0.994 after two updates);
+of the sampled tokens agree (Pearson correlation ≥ :data:`MIN_PROBS_CORRELATION` in every step without policy lag,
+≥ :data:`LAGGED_PROBS_CORRELATION` in a step with lag, whose rollout came from older weights by design);
 9. the policy lag (verl's ``training/off_policy/trajectory_staleness/max``: how many model versions behind the
 trained one the step's oldest rollout was) is logged every step, 0 in ``stapo_sync``.
 The reward is the fraction of digits in the response: continuous, so every group has positive and negative
@@ -63,6 +62,9 @@ BATCH_KEYS = ("data.train_batch_size", "actor_rollout_ref.actor.ppo_mini_batch_s
 MICRO_PER_MINI = 2  # policy_source=old: two micro-batches per mini-batch and rank, to exercise accumulation
 MIN_PROBS_CORRELATION = 0.999
 """Check 8's floor for ``training/rollout_actor_probs_pearson_corr`` (the smokes of docs/gpu-evidence.md: 0.99997)."""
+LAGGED_PROBS_CORRELATION = 0.99
+"""Check 8's floor in a step with policy lag: vLLM sampled with weights older than those the actor recomputes π_old
+with (the asynchronous smokes of docs/async.md read 0.9941-0.99997 in such steps); only a gross disagreement fails."""
 SHAPE_PROBS_CORRELATION = 0.995
 """Check 8's floor with ``--shape``: a random model of a real shape spreads its probability over 151k tokens, so the
 sampled tokens' probabilities are all near 1e-5 and bfloat16 noise weighs more in their correlation (0.9988 for the
@@ -224,10 +226,11 @@ def check(
     correlation = [math.nan if s.get(pearson) is None else s[pearson] for s in steps]
     summary["probs_correlation"] = [round(c, 6) if c == c else None for c in correlation]  # NaN: not logged
     lag = [s.get(POLICY_LAG) for s in steps]
-    problems += [  # after a lag the rollout's weights are older than the actor's by design: logged, not held to it
-        f"step {i + 1}: vLLM's and the actor's probabilities correlate {c:.6f} (< {min_correlation})"
-        for i, (c, g) in enumerate(zip(correlation, lag))
-        if not c >= min_correlation and not (g and c == c)
+    floors = [min(min_correlation, LAGGED_PROBS_CORRELATION) if g else min_correlation for g in lag]
+    problems += [
+        f"step {i + 1}: vLLM's and the actor's probabilities correlate {c:.6f} (< {floor})"
+        for i, (c, floor) in enumerate(zip(correlation, floors))
+        if not c >= floor
     ]
     summary["policy_lag"] = lag
     problems += [f"step {i + 1}: no {POLICY_LAG} (the policy lag)" for i, g in enumerate(lag) if g is None]

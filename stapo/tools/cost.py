@@ -38,6 +38,7 @@ import json
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
+from types import MappingProxyType
 
 import numpy as np
 
@@ -83,7 +84,7 @@ def qwen3_sizes() -> list[str]:
 
 
 @functools.cache
-def model_facts(size: str) -> dict:
+def model_facts(size: str) -> MappingProxyType:
     """Parameters (tied embeddings once), weight bytes (bfloat16), key-value bytes per token and the config of a
     Qwen3 shape; the parameters are counted on a model built on the ``meta`` device (no memory), once per size."""
     import torch
@@ -93,12 +94,14 @@ def model_facts(size: str) -> dict:
     config = Qwen3Config(**shape)
     with torch.device("meta"):
         parameters = sum(p.numel() for p in Qwen3ForCausalLM(config).parameters())
-    return {
-        "parameters": parameters,
-        "weight_bytes": 2 * parameters,
-        "kv_bytes": 2 * shape["num_hidden_layers"] * shape["num_key_value_heads"] * shape["head_dim"] * 2,
-        "config": config,
-    }
+    return MappingProxyType(
+        {  # cached: read-only
+            "parameters": parameters,
+            "weight_bytes": 2 * parameters,
+            "kv_bytes": 2 * shape["num_hidden_layers"] * shape["num_key_value_heads"] * shape["head_dim"] * 2,
+            "config": config,
+        }
+    )
 
 
 def train_flops(shape: Shape) -> float:
@@ -197,31 +200,48 @@ def step_seconds(fit_: Fit, shape: Shape, method: str) -> dict[str, float]:
     return seconds
 
 
-def mode_seconds(fit_: Fit, shape: Shape, method: str, mode: str = "sync") -> dict[str, float]:
+class NoTrainerGPUs(ValueError):
+    """``separate_async`` on no more GPUs than its rollout's TP: none would be left to train."""
+
+
+def rollout_splits(shape: Shape, gpus_per_node: int | None = None) -> list[int]:
+    """The numbers R of rollout GPUs ``separate_async`` can have beside G − R trainer GPUs, as verl places them
+    (``actor_rollout_ref.rollout.nnodes`` × ``n_gpus_per_node``): multiples of the rollout's TP within one node, whole
+    nodes across several (``gpus_per_node``; default: all of G on one node)."""
+    per_node = gpus_per_node or shape.gpus
+    step = shape.tp if shape.gpus <= per_node else per_node
+    splits = list(range(step, shape.gpus, step))
+    if not splits:
+        raise NoTrainerGPUs(
+            f"separate_async: {shape.gpus} GPU(s) leave none to train beside a rollout of TP {shape.tp}"
+        )
+    return splits
+
+
+def mode_seconds(fit_: Fit, shape: Shape, method: str, mode: str = "sync", rollout: int | None = None) -> dict:
     """One step of ``method`` in verl's trainer ``mode``, as stages that add up to the step (docs/async.md):
 
     * ``sync``: generation, old log-probs, update and the rest, one after another;
     * ``colocate_async``: vLLM generates each batch together with the next (verl's ``num_warmup_batches`` 1 with
       partial rollouts), so a step's generation is half of generating 2B responses at once: shorter where decoding
       is latency-bound (few sequences an engine), no shorter where the KV cache already holds all it can;
-    * ``separate_async``: R of the G GPUs generate while the other G − R train, so a step takes the longer of the
-      two plus the rest (``generation`` is the part the training does not hide), with R the multiple of the rollout's
-      TP that makes the step shortest.
+    * ``separate_async``: ``rollout`` of the G GPUs generate while the other G − R train, so a step takes the longer
+      of the two plus the rest (``generation`` is the part the training does not hide); without ``rollout``, the R of
+      :func:`rollout_splits` that makes this step shortest. The rollout GPUs keep the size file's memory share.
+
+    The measured steps of each mode (``cost fit``) are not fitted; the two asynchronous forms were written with them
+    in view (one shape, one cycle or step each).
     """
     seconds = step_seconds(fit_, shape, method)
     if mode == "colocate_async":
         seconds["generation"] = fit_.stage_seconds(replace(shape, responses=2 * shape.responses))["generation"] / 2
     elif mode == "separate_async":
-        splits = []
-        for rollout in range(shape.tp, shape.gpus, shape.tp):
-            split = step_seconds(fit_, replace(shape, gpus=shape.gpus - rollout), method)
-            generation = fit_.stage_seconds(replace(shape, gpus=rollout))["generation"]
-            split["generation"] = max(0.0, generation - split["old_log_prob"] - split["update"])
-            splits.append(split)
-        if not splits:
-            gpus = f"{shape.gpus} GPU(s)"
-            raise ValueError(f"separate_async: {gpus} leave none to train beside a rollout of TP {shape.tp}")
-        seconds = min(splits, key=lambda split: sum(split.values()))
+        if rollout is None:
+            splits = [mode_seconds(fit_, shape, method, mode, r) for r in rollout_splits(shape)]
+            return min(splits, key=lambda split: sum(split.values()))
+        seconds = step_seconds(fit_, replace(shape, gpus=shape.gpus - rollout), method)
+        generation = fit_.stage_seconds(replace(shape, gpus=rollout))["generation"]
+        seconds["generation"] = max(0.0, generation - seconds["old_log_prob"] - seconds["update"])
     elif mode != "sync":
         raise ValueError(f"mode {mode!r}: one of {', '.join(MODES)}")
     return seconds
@@ -246,12 +266,19 @@ def project(
     lengths = np.linspace(args.length_start, args.length_end, samples)
     shapes = [size_shape(size, nodes, args.gpus_per_node, args.gpu, args.prompts, args.n, args.prompt_length,
                          float(length), max(args.max_length, float(length))) for length in lengths]  # fmt: skip
-    per_step = [mode_seconds(fit_, s, method, mode) for s in shapes]
+    rollout = None
+    if mode == "separate_async":  # one split for the whole run: the one with the shortest mean step
+        rollout = min(
+            rollout_splits(shapes[0], args.gpus_per_node),
+            key=lambda r: sum(sum(mode_seconds(fit_, s, method, mode, r).values()) for s in shapes),
+        )
+    per_step = [mode_seconds(fit_, s, method, mode, rollout) for s in shapes]
     mean = {stage: float(np.mean([p[stage] for p in per_step])) for stage in STAGES}
     step = sum(mean.values())
     hours = step * args.steps / 3600
     return {
         "size": size, "method": method, "mode": mode, "nodes": nodes, "gpus": shapes[0].gpus, "gpu": args.gpu,
+        **({"rollout_gpus": rollout} if rollout else {}),
         "step_s_first": sum(per_step[0].values()), "step_s_last": sum(per_step[-1].values()), "step_s_mean": step,
         "hours": hours, "gpu_hours": hours * shapes[0].gpus,
         "shares": {stage: mean[stage] / step for stage in STAGES},
@@ -297,7 +324,7 @@ def mode_hours(args: argparse.Namespace, size: str, nodes: int, mode: str) -> st
     GPUs than the rollout's TP)."""
     try:
         return f"{project(args, size, nodes, 'stapo', mode=mode)['hours']:.0f}"
-    except ValueError:
+    except NoTrainerGPUs:
         return "–"
 
 
@@ -360,7 +387,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.command == "project":
         try:
             result = project(args, args.size, args.nodes, args.method, mode=args.mode)
-        except ValueError as error:  # separate_async without a GPU to train on
+        except NoTrainerGPUs as error:
             parser.exit(2, f"error: --mode {error}; give more --gpus-per-node or --nodes\n")
         print(json.dumps(result, indent=1))
     else:
