@@ -21,7 +21,7 @@ steps in ``measured_steps.json`` (docs/scale.md):
 
 verl's asynchronous trainers overlap these stages (:func:`mode_seconds`, docs/async.md): ``colocate_async`` generates
 each batch together with the next, ``separate_async`` generates on GPUs of its own while the rest train. Their steps
-measured side by side with ``sync`` (``modes`` in ``measured_steps.json``) are not fitted: ``fit`` shows the model's
+measured on one host with ``sync`` (``modes`` in ``measured_steps.json``) are not fitted: ``fit`` shows the model's
 step against each.
 
 GRPO adds a reference-policy forward (as long as the old log-probs); STAPO and 20-Entropy add the driver's mask at
@@ -164,7 +164,7 @@ def row_shape(row: dict) -> Shape:
 
 
 def load_modes(path: Path = MEASURED) -> list[tuple[Shape, dict]]:
-    """The steps measured in each trainer mode side by side: shape, mode, step seconds, name."""
+    """The steps measured in each trainer mode on one host: shape, mode, step seconds, name."""
     return [(row_shape(row), row) for row in json.loads(path.read_text())["modes"]]
 
 
@@ -306,7 +306,7 @@ def fit_report(fit_: Fit) -> str:
             lines.append(f"| {seconds['name']} | {stage} | {seconds[stage]:.1f} | {cells} |")
     lines += [
         "",
-        "Trainer modes, measured side by side (not fitted):",
+        "Trainer modes, measured on one host (not fitted):",
         "| step | mode | measured (s) | model (s) | error |",
         "|---|---|---:|---:|---:|",
     ]
