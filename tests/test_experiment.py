@@ -145,19 +145,19 @@ def test_a_second_run_beside_a_running_cluster_is_refused(tmp_path, monkeypatch,
     """Two local clusters on one machine share verl's weight-transfer socket, and two jobs of one cluster share
     verl's TransferQueue: the preflight refuses a local run beside a cluster, and a run given RAY_ADDRESS where a
     TransferQueue controller lives (an actor of that name stands in for a verl run's; the GPU count is stubbed: this
-    machine has none)."""
-    monkeypatch.setattr(preflight, "local_gpus", lambda: 1)
+    machine has none). The run's cluster is a head over two GPUs, both declared to Ray."""
+    monkeypatch.setattr(preflight, "local_gpus", lambda: 2)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-        cfg = compose(config_name="justrl", overrides=["trainer.n_gpus_per_node=1"])
+        cfg = compose(config_name="justrl", overrides=["trainer.n_gpus_per_node=2"])
     assert preflight._gpu_problems(cfg) == []
-    with clusters.ray_head("0", tmp_path / "ray.log") as (address, head):
+    with clusters.ray_head("0,1", tmp_path / "ray.log") as (address, head):
         clusters.claim_job(address, head, 0, tmp_path / "ray.log")
         (line,) = preflight._gpu_problems(cfg)
         assert line.startswith("another Ray cluster runs on this machine (gcs_server, pid ")
         assert "/tmp/rl-colocate-zmq-01000000-replica-0-rank-0.sock" in line and "share verl's TransferQueue" in line
         monkeypatch.setenv("RAY_ADDRESS", address)
-        assert preflight._gpu_problems(cfg) == []  # the cluster has the one GPU declared to it, and no verl run
+        assert preflight._gpu_problems(cfg) == []  # the cluster has the two GPUs declared to it, and no verl run
 
         class Placeholder:  # defined here, so that Ray ships it by value to a worker that cannot import tests/
             def ready(self) -> bool:

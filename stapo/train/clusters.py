@@ -38,8 +38,9 @@ HANDOVER_S = 30.0
 
 @contextmanager
 def ray_head(gpu: str, log: Path) -> Iterator[tuple[str, subprocess.Popen]]:
-    """Starts the head of a Ray cluster of one run's own on this machine, over the GPU ``gpu``; yields its address and
-    process at once (the head takes seconds to accept drivers), and stops it on exit. The caller makes sure that no
+    """Starts the head of a Ray cluster of one run's own on this machine, over the GPU ``gpu`` (or the GPUs of a list,
+    ``"1,2"``, all declared to Ray); yields its address and process at once (the head takes seconds to accept
+    drivers), and stops it on exit. The caller makes sure that no
     other cluster runs here (:func:`stapo.train.preflight.local_cluster_problems`).
 
     Why a cluster each: verl 0.9.1 keeps a run's rollouts in TransferQueue, whose controller is a named Ray actor
@@ -51,7 +52,7 @@ def ray_head(gpu: str, log: Path) -> Iterator[tuple[str, subprocess.Popen]]:
     cmd = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", f"--port={port}"]
     cmd += [f"--ray-client-server-port={client_port}", f"--dashboard-port={dashboard_port}"]  # else fixed ports
     cmd += [f"--dashboard-agent-listen-port={agent_port}"]
-    cmd += ["--num-gpus=1", "--include-dashboard=false", "--disable-usage-stats"]
+    cmd += [f"--num-gpus={len(gpu.split(','))}", "--include-dashboard=false", "--disable-usage-stats"]
     head = start_node(cmd, gpu, log)
     address = f"{get_node_ip_address()}:{port}"
     try:
