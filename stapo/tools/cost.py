@@ -42,7 +42,7 @@ from types import MappingProxyType
 
 import numpy as np
 
-from stapo.config import CONFIG_DIR, QWEN3_SHAPES, methods, sizes
+from stapo.config import CONFIG_DIR, QWEN3_SHAPES, TRAINER_MODES, methods, sizes
 from stapo.tools.io import number_problems
 
 MEASURED = Path(__file__).with_name("measured_steps.json")
@@ -53,9 +53,8 @@ GPUS = {  # datasheet: HBM bandwidth (B/s), memory (bytes), dense bf16 (FLOP/s, 
 STAGES = ("generation", "old_log_prob", "update", "other")
 MASK_S = 0.2
 """The driver's mask, fold and restore for a paper-scale batch (docs/performance.md: 49-85 ms + 156 ms)."""
-MODES = ("sync", "colocate_async", "separate_async")
-"""verl 0.9.1's trainer modes (``trainer.v1.trainer_mode``: the recipe's ``stapo_sync``, ``stapo_colocate_async``,
-``stapo_separate_async``)."""
+MODES = tuple(TRAINER_MODES.values())
+"""verl 0.9.1's trainer modes that the recipe's ``trainer.v1.trainer_mode`` values extend: sync first."""
 
 
 @dataclass(frozen=True)
@@ -232,18 +231,19 @@ def mode_seconds(fit_: Fit, shape: Shape, method: str, mode: str = "sync", rollo
     The measured steps of each mode (``cost fit``) are not fitted; the two asynchronous forms were written with them
     in view (one shape, one cycle or step each).
     """
-    seconds = step_seconds(fit_, shape, method)
-    if mode == "colocate_async":
-        seconds["generation"] = fit_.stage_seconds(replace(shape, responses=2 * shape.responses))["generation"] / 2
-    elif mode == "separate_async":
+    if mode == "separate_async":
         if rollout is None:
             splits = [mode_seconds(fit_, shape, method, mode, r) for r in rollout_splits(shape)]
             return min(splits, key=lambda split: sum(split.values()))
         seconds = step_seconds(fit_, replace(shape, gpus=shape.gpus - rollout), method)
         generation = fit_.stage_seconds(replace(shape, gpus=rollout))["generation"]
         seconds["generation"] = max(0.0, generation - seconds["old_log_prob"] - seconds["update"])
-    elif mode != "sync":
+        return seconds
+    if mode not in MODES:
         raise ValueError(f"mode {mode!r}: one of {', '.join(MODES)}")
+    seconds = step_seconds(fit_, shape, method)
+    if mode == "colocate_async":
+        seconds["generation"] = fit_.stage_seconds(replace(shape, responses=2 * shape.responses))["generation"] / 2
     return seconds
 
 
@@ -266,13 +266,11 @@ def project(
     lengths = np.linspace(args.length_start, args.length_end, samples)
     shapes = [size_shape(size, nodes, args.gpus_per_node, args.gpu, args.prompts, args.n, args.prompt_length,
                          float(length), max(args.max_length, float(length))) for length in lengths]  # fmt: skip
-    rollout = None
-    if mode == "separate_async":  # one split for the whole run: the one with the shortest mean step
-        rollout = min(
-            rollout_splits(shapes[0], args.gpus_per_node),
-            key=lambda r: sum(sum(mode_seconds(fit_, s, method, mode, r).values()) for s in shapes),
-        )
-    per_step = [mode_seconds(fit_, s, method, mode, rollout) for s in shapes]
+    # separate_async: one split of the GPUs for the whole run, the one with the shortest mean step
+    splits = rollout_splits(shapes[0], args.gpus_per_node) if mode == "separate_async" else [None]
+    runs = {r: [mode_seconds(fit_, s, method, mode, r) for s in shapes] for r in splits}
+    rollout = min(runs, key=lambda r: sum(sum(step.values()) for step in runs[r]))
+    per_step = runs[rollout]
     mean = {stage: float(np.mean([p[stage] for p in per_step])) for stage in STAGES}
     step = sum(mean.values())
     hours = step * args.steps / 3600
