@@ -18,7 +18,10 @@ setup(
     python_requires=">=3.10,<3.13",
     packages=find_packages(include=["stapo", "stapo.*"]) + ["stapo.configs"],
     package_dir={"stapo.configs": "configs"},
-    package_data={"stapo.configs": ["*.yaml", "size/*.yaml", "determinism/*.yaml"], "stapo.tools": ["paper_table.json", "measured_steps.json"]},
+    package_data={
+        "stapo.configs": ["*.yaml", "size/*.yaml", "determinism/*.yaml"],
+        "stapo.tools": ["paper_table.json", "measured_steps.json"],
+    },
     # No torch pin here: verl's core deps need torch, and which build (CPU, CUDA 13) is the installer's choice.
     # CPU machines install the CPU wheel in the same pip command (README); GPU clusters use the `gpu` extra.
     install_requires=["verl[verl-core,math]==0.9.1"],
