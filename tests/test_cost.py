@@ -48,7 +48,8 @@ def test_the_model_moves_as_the_hardware_does():
 def test_the_trainer_modes_overlap_as_verl_runs_them():
     """mode_seconds (docs/async.md): sync is the plain step; colocate_async generates two batches at once, which
     saves where decoding is latency-bound and less where the KV cache is full; separate_async takes the longer of
-    generation and training on the split that is fastest; each is within 10 % of the step measured on one host."""
+    generation and training on the split that is fastest; each is within 10 % of the step measured beside sync on one
+    host."""
     fit = cost.fitted()
     few = cost.Shape("qwen3_1.7b", "h200", 1, 1, 0.6, 32, 46.5, 8000, 8192)
     many = cost.size_shape("qwen3_8b", 1, 8, "h100", 256, 8, 200, 6000, 15360)
@@ -96,9 +97,7 @@ def test_the_commands(capsys):
     assert lines[1].endswith("| STAPO hours: colocate_async | separate_async |")
     assert all(len(line.split("|")) == len(lines[1].split("|")) for line in lines[2:])
     cost.main(["fit"])
-    assert sum(" | colocate_async | " in line for line in capsys.readouterr().out.splitlines()) == sum(
-        row["mode"] == "colocate_async" for _, row in cost.load_modes()
-    )
+    assert sum(" | colocate_async | " in line for line in capsys.readouterr().out.splitlines()) == 2  # 8,192 and 2,048
     cost.main(["project", "--size", "qwen3_1.7b", "--mode", "colocate_async", "--steps", "10"])
     assert '"mode": "colocate_async"' in capsys.readouterr().out
     with pytest.raises(SystemExit):

@@ -21,8 +21,8 @@ steps in ``measured_steps.json`` (docs/scale.md):
 
 verl's asynchronous trainers overlap these stages (:func:`mode_seconds`, docs/async.md): ``colocate_async`` generates
 each batch together with the next, ``separate_async`` generates on GPUs of its own while the rest train. Their steps
-measured on one host with ``sync`` (``modes`` in ``measured_steps.json``) are not fitted: ``fit`` shows the model's
-step against each.
+measured with ``sync`` on one host a lease (``modes`` in ``measured_steps.json``) are not fitted: ``fit`` shows the
+model's step against each.
 
 GRPO adds a reference-policy forward (as long as the old log-probs); STAPO and 20-Entropy add the driver's mask at
 paper scale (0.2 s: docs/performance.md). ``fit`` prints every measured stage next to the model's value; ``project``
@@ -304,7 +304,7 @@ def fit_report(fit_: Fit) -> str:
             lines.append(f"| {seconds['name']} | {stage} | {seconds[stage]:.1f} | {cells} |")
     lines += [
         "",
-        "Trainer modes, measured on one host (not fitted):",
+        "Trainer modes, measured beside sync on one host a lease (not fitted):",
         "| step | mode | measured (s) | model (s) | error |",
         "|---|---|---:|---:|---:|",
     ]
