@@ -147,6 +147,13 @@ class StapoConfig:
             "response token, the 80/20 paper's formula)"
         },
     )
+    observe_tau_p: float = field(
+        default=0.0,
+        metadata={
+            "help": "a second tau_p at which the S2T rule's counts are logged too (s2t/observed/*), e.g. the paper's "
+            "0.002 beside a larger tau_p that a small model needs; 0: none"
+        },
+    )
     metrics: bool = field(
         default=True,
         metadata={
@@ -203,4 +210,5 @@ _RANGES = {
     "tau_p": (lambda v: 0.0 < v <= 1.0, "it must be a number in (0, 1] (paper: 0.002)"),
     "q": (lambda v: 0.0 <= v <= 1.0, "it must be a number in [0, 1] (paper: 0.75)"),
     "top_entropy_ratio": (lambda v: 0.0 < v <= 1.0, "it must be a number in (0, 1] (20-Entropy: 0.2)"),
+    "observe_tau_p": (lambda v: 0.0 <= v <= 1.0, "it must be a number in (0, 1], or 0 for none"),
 }

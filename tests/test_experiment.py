@@ -26,9 +26,11 @@ from stapo.train import clusters, preflight
 from stapo.train.main import validate
 
 
-def test_plan_is_seed_major():
+def test_plan_is_seed_major_with_the_methods_reversed_at_every_other_seed():
     runs = ex.plan(["justrl", "stapo", "grpo"], [0, 1, 2])
-    assert [r.name for r in runs[:4]] == ["justrl-s0", "stapo-s0", "grpo-s0", "justrl-s1"] and len(set(runs)) == 9
+    assert [r.name for r in runs[:4]] == ["justrl-s0", "stapo-s0", "grpo-s0", "grpo-s1"] and len(set(runs)) == 9
+    positions = {m: sum(i for i, r in enumerate(runs[:6]) if r.method == m) for m in ("justrl", "stapo", "grpo")}
+    assert len(set(positions.values())) == 1  # over two seeds, no method starts earlier on average
 
 
 def test_the_learning_rate_sweep_runs_beside_the_grid_as_rows_of_its_own(tmp_path, monkeypatch):

@@ -300,6 +300,30 @@ def test_s2t_metrics_are_logged_for_every_method(transfer_queue, method):
         assert metrics["stapo/masked_tokens"] > 0
 
 
+def test_a_second_tau_p_is_counted_beside_the_first(transfer_queue):
+    """stapo.observe_tau_p: the S2T rule's candidates and silenced tokens at a second threshold (the paper's 0.002
+    beside a small model's 0.02, docs/experiments.md section 11), from the reference mask per mini-batch; the s2t/*
+    metrics at stapo.tau_p are unchanged."""
+    batch = put_batch(seed=5)
+    before = tq.kv_batch_get(keys=batch.keys, partition_id="train").to_padded_tensor()
+    padded = {k: pad_to(before[k]) for k in ("old_log_probs", "entropy", "advantages", "response_mask")}
+    metrics, plain = {}, {}
+    trainer = make_trainer(compose("stapo.tau_p=0.02", "stapo.observe_tau_p=0.002"), StandInActorWorkerGroup())
+    trainer._update_actor(batch, metrics)
+    expected = {"candidates": 0, "silenced": 0}
+    for rows in trainer._mask_groups(N_ROWS):
+        keep, stats = s2t_mask(*(padded[k][rows] for k in padded), tau_p=0.002)
+        expected["candidates"] += stats["candidates"]
+        expected["silenced"] += int(((keep == 0) & (padded["response_mask"][rows] != 0)).sum())
+    assert metrics["s2t/observed/candidate_tokens"] == expected["candidates"] > 0
+    assert metrics["s2t/observed/spurious_tokens"] == expected["silenced"] > 0
+    assert metrics["s2t/observed/candidate_tokens"] < metrics["s2t/candidate_tokens"]  # fewer below 0.002 than 0.02
+    make_trainer(compose("stapo.tau_p=0.02"), StandInActorWorkerGroup())._update_actor(put_batch(seed=5), plain)
+    assert not any(k.startswith("s2t/observed/") for k in plain)
+    first = {k: v for k, v in metrics.items() if k.startswith(("s2t/", "stapo/")) and "observed" not in k}
+    assert first == pytest.approx({k: v for k, v in plain.items() if k.startswith(("s2t/", "stapo/"))}, rel=1e-6)
+
+
 def test_the_random_ablation_silences_as_many_as_s2t_in_each_minibatch(transfer_queue):
     """stapo_random: each mini-batch loses as many candidates as S2T would silence there, drawn at random, so the
     control differs from STAPO in which tokens, not how many; s2t/* still report the S2T rule."""

@@ -4,6 +4,7 @@
         [--prompts 32] [--gpus 0,1,2,3] [--runs-per-gpu 3] [--save-freq 0] [--warmup-only]
         [quickstart options: --tokenizer DIR --tau-p 0.002 --val 200 ...] [-- KEY=VALUE ...]
     python -m stapo.quickstart.experiment summary DIR [--plots DIR]
+    python -m stapo.quickstart.experiment decisive ROUND1 [ROUND2]
 
 ``run`` builds the task and a tiny Qwen3 and warms it up once (:func:`stapo.quickstart.run.prepare`, on this
 process's first visible GPU), then trains every (method, seed) from that one warmed-up model through the real
@@ -123,11 +124,17 @@ def plan(
     temperatures: Sequence[float] = (),
 ) -> list[Run]:
     """Every (method, seed), seed-major: the runs start in this order, so that every method has as many finished
-    seeds as the others at any time; with ``lrs`` and ``temperatures``, every cell of those too (a grid, e.g. the
+    seeds as the others at any time, the methods reversed at every other seed (A B C, C B A: over two seeds no
+    method starts earlier on average); with ``lrs`` and ``temperatures``, every cell of those too (a grid, e.g. the
     ladder of docs/experiments.md section 10); then the first method and seed at each learning rate of
     ``sweep_lrs``."""
     cells = [(lr, t) for lr in (lrs or [None]) for t in (temperatures or [None])]
-    grid = [Run(method, seed, lr, t) for seed in seeds for lr, t in cells for method in method_names]
+    grid = [
+        Run(method, seed, lr, t)
+        for i, seed in enumerate(seeds)
+        for lr, t in cells
+        for method in (method_names[::-1] if i % 2 else method_names)
+    ]
     return grid + [Run(method_names[0], seeds[0], lr) for lr in sweep_lrs]
 
 
@@ -175,7 +182,8 @@ def run_overrides(run: Run, warm: Path, paths: dict[str, Path], args: argparse.N
 def read_runs(folder: Path) -> dict[str, dict[int, dict[str, dict[int, float]]]]:
     """``method -> {seed -> metrics}`` of the runs under ``folder/runs`` that logged anything."""
     runs: dict[str, dict[int, dict[str, dict[int, float]]]] = {}
-    for log in sorted((folder / "runs").glob("*-s*/metrics.jsonl")):
+    logs = [*(folder / "runs").glob("*-s*/metrics.jsonl"), *(folder / "runs").glob("*-s*/metrics.jsonl.gz")]
+    for log in sorted(logs):  # gzipped: a run's record in evidence/
         method, _, seed = log.parent.name.rpartition("-s")
         try:
             metrics = read_metrics(log)
@@ -475,6 +483,10 @@ def build_parser() -> argparse.ArgumentParser:
     summary = commands.add_parser("summary", help="table and curves of the runs under DIR")
     summary.add_argument("folder", type=Path, metavar="DIR")
     summary.add_argument("--plots", type=Path, help="folder for the curves (default: DIR/plots)")
+    decisive = commands.add_parser(
+        "decisive", help="the pre-registered decisive test (docs/experiments.md section 11): table and verdict line"
+    )
+    decisive.add_argument("folders", type=Path, nargs="+", metavar="ROUND", help="round 1's folder, then round 2's")
     return parser
 
 
@@ -706,6 +718,12 @@ def warm_model(args: argparse.Namespace, device: str = "cuda") -> Path:
 def main(argv: Sequence[str] | None = None) -> None:
     """Command-line entry point (``python -m stapo.quickstart.experiment``)."""
     args = build_parser().parse_args(argv)
+    if args.command == "decisive":
+        from stapo.quickstart.decisive import report
+
+        tables, verdict = report(args.folders)
+        print(tables + "\n" + verdict)
+        return
     if args.command == "summary":
         if args.plots is not None and (problem := output_problem(args.plots, "folder", "--plots")):
             raise SystemExit(f"error: {problem}")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import gzip
 import io
 import json
 import math
@@ -291,8 +292,8 @@ def read_metrics(path: Path) -> dict[str, dict[int, float]]:
     """``metric -> {step: value}`` of one training run (a later value of a step wins, as after a resume).
 
     ``path`` is verl's file-logger JSONL (``{"step": N, "data": {...}}`` lines; with the earlier segments a resumed
-    run set aside, ``<stem>.1.jsonl``...), a saved console log (lines ``step:N - key:value - ...``) or a TensorBoard
-    run folder / event file.
+    run set aside, ``<stem>.1.jsonl``...; gzipped as ``.jsonl.gz``, as evidence/ keeps it), a saved console log (lines
+    ``step:N - key:value - ...``) or a TensorBoard run folder / event file.
     """
     path = Path(path)
     if not path.exists() and not segments(path):
@@ -307,7 +308,8 @@ def read_metrics(path: Path) -> dict[str, dict[int, float]]:
             metrics[tag] = {event.step: event.value for event in accumulator.Scalars(tag)}
     else:
         for part in segments(path):
-            with part.open(encoding="utf-8", errors="replace") as lines:
+            opener = gzip.open if part.suffix == ".gz" else open
+            with opener(part, "rt", encoding="utf-8", errors="replace") as lines:
                 for line in lines:
                     for key, step, value in _parse_log_line(line):
                         metrics.setdefault(key, {})[step] = value

@@ -72,6 +72,17 @@ def s2t_metrics(stats: dict) -> dict[str, float]:
     }
 
 
+def observed_metrics(stats: dict) -> dict[str, float]:
+    """``s2t/observed/*``: the S2T rule's counts at ``stapo.observe_tau_p`` (its candidates and the tokens it would
+    silence), beside ``s2t/*`` at ``stapo.tau_p``; with ``s2t/pos_adv_tokens`` they give the spurious share among
+    positive-advantage tokens at the second threshold. Counts only, so that several local updates add up
+    (:func:`step_metrics`)."""
+    return {
+        "s2t/observed/candidate_tokens": float(stats["candidates"]),
+        "s2t/observed/spurious_tokens": float(stats["masked"]),
+    }
+
+
 def step_metrics(updates: list[dict]) -> dict[str, float]:
     """The ``stapo/*`` and ``s2t/*`` metrics of a step made of several local updates, as one update of the whole
     batch would log them. ``updates``: per local update, the stats behind :func:`mask_metrics` (``"mask"``) and

@@ -57,7 +57,14 @@ from stapo.config import TRAINER_MODES
 from stapo.tools.io import set_aside
 from stapo.train import audit
 from stapo.train.loss import stapo_loss
-from stapo.train.metrics import check_entropy_dtype, mask_metrics, mismatch_metrics, s2t_metrics, step_metrics
+from stapo.train.metrics import (
+    check_entropy_dtype,
+    mask_metrics,
+    mismatch_metrics,
+    observed_metrics,
+    s2t_metrics,
+    step_metrics,
+)
 from stapo.train.preflight import validate_training_config
 
 MASK_INPUTS = ["old_log_probs", "entropy", "advantages", "response_mask", "loss_mask"]
@@ -264,6 +271,9 @@ class STAPOMixin:
         if stapo.metrics:  # the S2T rule at π_old, applied or not; its gradient-norm bounds beside the update
             spurious, observed = mask_for_update("s2t", *inputs, groups, tau_p=stapo.tau_p, q=stapo.q)
             bounds = _BACKGROUND.submit(grad_bound_sums, *inputs, spurious, tau_p=stapo.tau_p)
+            if stapo.observe_tau_p:  # the rule at a second threshold, counted only
+                _, second = mask_for_update("s2t", *inputs, groups, tau_p=stapo.observe_tau_p, q=stapo.q)
+                metrics.update(observed_metrics(second))
         mismatch = None
         if rollout:  # beside the update too
             args = (data["old_log_probs"], data["rollout_log_probs"], *inputs[2:], stapo.tau_p)
