@@ -1,12 +1,19 @@
-"""Records of GPU runs (``evidence/<name>/``) and what is derived from them.
+"""Records of GPU runs (``evidence/<name>/``) and the evidence pages generated from them (``docs/evidence/``).
 
     python -m stapo.tools.evidence card --out DIR --commit SHA --command "..." [--note "..."]
     python -m stapo.tools.evidence collect RUNS_DIR evidence/NAME      # a run's records, small and gzipped
+    python -m stapo.tools.report evidence [--check]                    # the pages' tables and figures, from records
 
 ``card`` writes ``DIR/card.json`` on the machine that runs: the command as typed, the commit, the GPUs (model and
 count), the CPU cores, the start time, the versions of torch, vLLM and verl, and a note of what else ran on the host.
 ``collect`` copies what the pages read from an experiment folder (``experiment run --out``): ``experiment.json``, and
 per run its metrics (gzipped), exit code and the last lines of its log; nothing per token, no checkpoints.
+
+A page of ``docs/evidence/`` is prose with generated blocks, each between ``<!-- evidence:KIND ARGS -->`` and
+``<!-- /evidence -->`` (:data:`BLOCKS`): ``report evidence`` rewrites every block from the records it names, and with
+``--check`` changes nothing and exits 1 naming each block or figure that differs from what the records give. A figure
+is checked by its data: beside ``FIG.png`` lies ``FIG.json``, the plotted series, and the picture is drawn again only
+when they change (matplotlib's bytes differ between versions; the data do not).
 """
 
 from __future__ import annotations
@@ -15,10 +22,12 @@ import argparse
 import datetime
 import gzip
 import json
+import math
 import os
+import re
 import shutil
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from importlib import metadata
 from pathlib import Path
 
@@ -87,6 +96,145 @@ def collect(runs: Path, dest: Path) -> list[Path]:
         if path.stat().st_size > MAX_FILE_BYTES:
             raise SystemExit(f"error: {path}: {path.stat().st_size} bytes, over the records' 2 MB; keep less of it")
     return written
+
+
+# ------------------------------------------------------------------------------------------------- the pages
+RECORDS, PAGES = Path("evidence"), Path("docs/evidence")
+"""Where the records and the generated pages lie, relative to the repository's root."""
+BLOCK = re.compile(r"<!-- evidence:(?P<kind>\w+) (?P<args>[^>]*?) -->\n(?P<body>.*?)<!-- /evidence -->", re.DOTALL)
+
+
+class EvidenceError(ValueError):
+    """A page names a record or a block that does not exist; the message names the page and the fix."""
+
+
+def _cell(value) -> str:
+    return "-" if value is None else str(value).replace("|", "\\|")
+
+
+def card_block(root: Path, name: str) -> str:
+    """The record's ``card.json`` as a table."""
+    fields = json.loads((root / RECORDS / name / "card.json").read_text())
+    versions = ", ".join(f"{k} {v}" for k, v in fields.get("versions", {}).items() if v)
+    rows = [
+        ("command", f"`{fields['command']}`"),
+        ("commit", f"`{fields['commit'][:10]}`"),
+        ("machine", f"{fields['gpu_count']} × {fields['gpu']}, {fields['cpu_cores']} CPU cores"),
+        ("started", fields["started"]),
+        ("versions", versions),
+        ("else on the host", fields.get("host_note") or "-"),
+    ]
+    return "| card | |\n|---|---|\n" + "".join(f"| {k} | {_cell(v)} |\n" for k, v in rows)
+
+
+def decisive_block(root: Path, *names: str) -> str:
+    """The decisive test's table and verdict line (:func:`stapo.quickstart.decisive.report`)."""
+    from stapo.quickstart.decisive import report
+
+    tables, verdict = report([root / RECORDS / name for name in names])
+    return f"{tables}\n**{verdict}**\n"
+
+
+def smoke_block(root: Path, name: str) -> str:
+    """Each run of an audited GPU smoke (``summary.jsonl``, one line per run as ``stapo.checks.gpu_smoke`` prints
+    it): its time, the mask's counts per step against the rule's, the quantile pools that silenced exactly
+    ⌈q(k − 1)⌉ of their k candidates, vLLM's agreement with the actor and the problems found."""
+    rows = []
+    for line in (root / RECORDS / name / "summary.jsonl").read_text().splitlines():
+        run = json.loads(line)
+        pools = run.get("pools") or []
+        exact = sum(silenced == math.ceil(0.75 * (k - 1)) for k, silenced in pools)
+        rows.append(
+            [
+                run["method"],
+                run["trainer_mode"],
+                f"{run['gpus']} × {run['nodes']} node",
+                run["seconds"],
+                run["steps"],
+                " / ".join(f"{m:g}" for m in run.get("masked", [])) or "-",
+                " / ".join(f"{m:g}" for m in run.get("expected", [])) or "-",
+                f"{exact} of {len(pools)}" if pools else "-",
+                f"{min(run['probs_correlation']):.6f}",
+                "; ".join(run["problems"]) or "none",
+            ]
+        )
+    head = ["run", "trainer", "GPUs", "seconds", "steps", "silenced per step", "rule's count per step",
+            "pools with exactly ⌈q(k−1)⌉", "lowest vLLM–actor correlation", "problems"]  # fmt: skip
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    return "\n".join(lines + ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]) + "\n"
+
+
+def record_runs(folder: Path) -> dict[str, list[dict[str, dict[int, float]]]]:
+    """``label -> [metrics of each run]`` of a record: an experiment's runs grouped by method (``runs/METHOD-sSEED``),
+    or one run per folder holding ``metrics.jsonl.gz``."""
+    from stapo.quickstart.experiment import read_runs
+    from stapo.tools.report import read_metrics
+
+    if (folder / "runs").is_dir():
+        return {method: [seeds[s] for s in sorted(seeds)] for method, seeds in read_runs(folder).items()}
+    logs = sorted(folder.glob("*/metrics.jsonl.gz"))
+    return {log.parent.name: [read_metrics(log)] for log in logs}
+
+
+def curves_block(root: Path, name: str, *figures: str, check: bool = False) -> tuple[str, list[str]]:
+    """Links to the record's figures (``docs/evidence/img/NAME/FIG.png``, mean over seeds with a min-max band,
+    :func:`stapo.tools.report.plot_runs`) and the figures that differ from their data (drawn again unless
+    ``check``)."""
+    from stapo.tools.report import band, figure_data, plot_runs
+
+    runs = record_runs(root / RECORDS / name)
+    data = figure_data(runs)
+    unknown = [f for f in figures if f not in data]
+    if unknown:
+        raise EvidenceError(f"{name}: no figure {', '.join(unknown)}; the record has {', '.join(data)}")
+    folder, stale = root / PAGES / "img" / name, []
+    for figure in figures:
+        title, lines = data[figure]
+        series = {label: dict(zip(("steps", "mean", "min", "max"), band(runs))) for label, runs in lines.items()}
+        text = json.dumps({"title": title, "lines": series}, indent=1) + "\n"
+        sidecar = folder / f"{figure}.json"
+        if not (sidecar.is_file() and sidecar.read_text() == text and sidecar.with_suffix(".png").is_file()):
+            stale.append(str(sidecar.with_suffix(".png").relative_to(root)))
+            if not check:
+                plot_runs(runs, folder, only=[figure])
+                write_atomic(sidecar, text)
+    return " ".join(f"![{f}](img/{name}/{f}.png)" for f in figures) + "\n", stale
+
+
+BLOCKS: dict[str, Callable[..., str]] = {"card": card_block, "decisive": decisive_block, "smoke": smoke_block}
+"""Block kinds and what writes them (``curves``, which also draws, is :func:`curves_block`)."""
+
+
+def regenerate(root: Path, check: bool) -> list[str]:
+    """Rewrite every generated block of ``root/docs/evidence/*.md`` (and its figures) from the records; with
+    ``check``, write nothing. Returns what differed (pages and figures), empty when everything equals the records."""
+    differs = []
+    pages = sorted((root / PAGES).glob("*.md"))
+    if not pages:
+        raise EvidenceError(f"{root / PAGES}: no pages; run from the repository's root or pass --root")
+    for page in pages:
+        text = page.read_text()
+
+        def fill(match: re.Match) -> str:
+            kind, args = match["kind"], match["args"].split()
+            try:
+                if kind == "curves":
+                    body, stale = curves_block(root, *args, check=check)
+                    differs.extend(stale)
+                elif kind in BLOCKS:
+                    body = BLOCKS[kind](root, *args)
+                else:
+                    raise EvidenceError(f"unknown block kind {kind!r}; use one of curves, {', '.join(BLOCKS)}")
+            except (OSError, TypeError, EvidenceError, SystemExit) as error:
+                raise EvidenceError(f"{page.relative_to(root)}: block '{kind} {' '.join(args)}': {error}") from None
+            if body != match["body"]:
+                differs.append(f"{page.relative_to(root)}: block '{kind} {' '.join(args)}'")
+            return match.group(0)[: match.start("body") - match.start()] + body + "<!-- /evidence -->"
+
+        new = BLOCK.sub(fill, text)
+        if new != text and not check:
+            write_atomic(page, new)
+    return differs
 
 
 def main(argv: Sequence[str] | None = None) -> None:

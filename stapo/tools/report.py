@@ -2,6 +2,7 @@
 
     python -m stapo.tools.report table [SUMMARY|DIR ...] [--paper] [--method stapo] [--out DIR]
     python -m stapo.tools.report plot [LABEL=]LOG [[LABEL=]LOG ...] [--out DIR]
+    python -m stapo.tools.report evidence [--check] [--root DIR]
 
 ``table`` reads the ``summary.json`` files of ``python -m stapo.tools.evaluate`` (each labelled with its method and
 size) and writes the paper's main table as ``table.md``, ``table.tex`` and ``table.csv``: avg@n on the six benchmarks,
@@ -11,6 +12,9 @@ their mean (Avg) and the relative gain of ``--method`` over the strongest other 
 ``plot`` draws actor entropy, mean reward, response length, validation accuracy, ``stapo/masked_frac`` and the
 ``s2t/*`` share of flagged tokens and of their gradient-norm bound against the step, one line per run, from verl's file
 logger (JSONL), its console output or a TensorBoard run folder. docs/evaluation.md shows examples.
+
+``evidence`` regenerates the tables and figures of the evidence pages (docs/evidence/) from the GPU runs' records
+(evidence/); ``--check`` writes nothing and exits 1 if a page or figure differs from them (:mod:`stapo.tools.evidence`).
 """
 
 from __future__ import annotations
@@ -356,20 +360,13 @@ def band(series: Sequence[dict[int, float]]) -> tuple[list[int], list[float], li
     return steps, [statistics.fmean(v) for v in values], [min(v) for v in values], [max(v) for v in values]
 
 
-def plot_runs(runs: dict[str, Sequence[dict[str, dict[int, float]]]], out_dir: Path) -> tuple[list[Path], list[str]]:
-    """One PNG per metric with one line per label; returns the files written and the metrics no run has.
+Figures = dict[str, tuple[str, dict[str, list[dict[int, float]]]]]
+"""Figure name -> (axis label, label -> the series of its runs), what :func:`plot_runs` draws."""
 
-    A label holds one run (its curve) or several, e.g. the seeds of one method: then the line is their mean over the
-    steps all of them logged, and a shaded band spans their minimum to maximum.
-    """
-    try:
-        import matplotlib
-    except ImportError:
-        raise ReportError("plots need matplotlib: pip install 'stapo-verl[plot]' (or pip install matplotlib)") from None
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def figure_data(runs: dict[str, Sequence[dict[str, dict[int, float]]]]) -> Figures:
+    """The figures :func:`plot_runs` draws from ``runs`` (label -> its runs' metrics): one per :data:`PLOTS` metric and
+    per validation source that every run of a label logged; a figure no label has is left out."""
     figures: dict[str, dict[str, list[dict[int, float]]]] = {name: {} for name in PLOTS}
     titles = {name: title for name, (_, title) in PLOTS.items()}
     for label, group in runs.items():
@@ -382,9 +379,30 @@ def plot_runs(runs: dict[str, Sequence[dict[str, dict[int, float]]]], out_dir: P
                 name = f"val_{re.sub(r'[^A-Za-z0-9_.-]', '_', match['source'])}"
                 figures.setdefault(name, {})[label] = [m[key] for m in group]
                 titles[name] = f"validation accuracy, {match['source']} ({key.rpartition('/')[2]})"
-    written, missing = [], [name for name, lines in figures.items() if not lines]
-    for name, lines in figures.items():
-        if not lines:
+    return {name: (titles[name], lines) for name, lines in figures.items() if lines}
+
+
+def plot_runs(
+    runs: dict[str, Sequence[dict[str, dict[int, float]]]], out_dir: Path, only: Sequence[str] | None = None
+) -> tuple[list[Path], list[str]]:
+    """One PNG per metric with one line per label (``only``: these figures of :func:`figure_data`); returns the
+    files written and the metrics no run has.
+
+    A label holds one run (its curve) or several, e.g. the seeds of one method: then the line is their mean over the
+    steps all of them logged, and a shaded band spans their minimum to maximum.
+    """
+    try:
+        import matplotlib
+    except ImportError:
+        raise ReportError("plots need matplotlib: pip install 'stapo-verl[plot]' (or pip install matplotlib)") from None
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figures = figure_data(runs)
+    written, missing = [], [name for name in PLOTS if name not in figures]
+    for name, (title, lines) in figures.items():
+        if only is not None and name not in only:
             continue
         figure, axes = plt.subplots(figsize=(6.4, 4.0))
         for label, series in lines.items():
@@ -393,7 +411,7 @@ def plot_runs(runs: dict[str, Sequence[dict[str, dict[int, float]]]], out_dir: P
             line = axes.plot(steps, mean, label=label, linewidth=1.2, marker=marker, markersize=3)[0]
             if len(series) > 1:
                 axes.fill_between(steps, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
-        axes.set(xlabel="step", ylabel=titles[name], title=titles[name])
+        axes.set(xlabel="step", ylabel=title, title=title)
         axes.grid(alpha=0.3)
         axes.legend()
         written.append(_save(figure, Path(out_dir) / f"{name}.png", plt))
@@ -511,7 +529,23 @@ def main(argv: Sequence[str] | None = None) -> None:
     plot.add_argument("runs", nargs="+", metavar="[LABEL=]LOG", help="file-logger JSONL, console log or TB folder")
     for command in (table, plot):
         command.add_argument("--out", type=Path, default=DEFAULT_REPORT, help=f"output folder ({DEFAULT_REPORT})")
+    evidence = commands.add_parser("evidence", help="the evidence pages' tables and figures from the runs' records")
+    evidence.add_argument("--check", action="store_true", help="write nothing; exit 1 if a page differs from them")
+    evidence.add_argument("--root", type=Path, default=Path("."), help="the repository's root (default: here)")
     args = parser.parse_args(argv)
+    if args.command == "evidence":
+        from stapo.tools.evidence import EvidenceError, regenerate
+
+        try:
+            differs = regenerate(args.root, args.check)
+        except EvidenceError as error:
+            parser.exit(2, f"error: {error}\n")
+        for item in differs:
+            print(f"{'differs from the records' if args.check else 'regenerated'}: {item}")
+        if args.check and differs:
+            parser.exit(1, f"error: {len(differs)} item(s) differ; run python -m stapo.tools.report evidence\n")
+        print("evidence pages equal their records" if not differs else f"{len(differs)} item(s) regenerated")
+        return
     try:
         if problem := output_problem(args.out, "folder"):
             raise ReportError(problem)

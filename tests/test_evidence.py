@@ -1,0 +1,101 @@
+"""The evidence pages (docs/evidence/) against the GPU runs' records (evidence/): the committed pages equal what the
+records give, a changed number in a record makes the check fail, and the decisive test's verdict line in
+docs/experiments.md is recomputed from its records (issues 52 and 53)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from stapo.quickstart.decisive import VERDICT, report
+from stapo.tools import evidence
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def check(root: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "stapo.tools.report", "evidence", "--check", "--root", str(root)],
+        capture_output=True,
+        text=True,
+    )
+
+
+def test_the_committed_pages_equal_their_records():
+    done = check(ROOT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "equal their records" in done.stdout
+
+
+@pytest.fixture
+def copy(tmp_path):
+    """The repository's records and evidence pages in a folder of their own."""
+    for part in ("evidence", "docs/evidence"):
+        shutil.copytree(ROOT / part, tmp_path / part)
+    return tmp_path
+
+
+def test_one_changed_number_in_a_record_fails_the_check_until_regenerated(copy):
+    metrics = copy / "evidence/decisive-round1/runs/stapo-s10/metrics.jsonl.gz"
+    lines = gzip.decompress(metrics.read_bytes()).decode().splitlines()
+    row = json.loads(lines[17])  # step 18: inside the endpoint's window
+    row["data"]["critic/score/mean"] += 0.25
+    lines[17] = json.dumps(row)
+    metrics.write_bytes(gzip.compress(("\n".join(lines) + "\n").encode()))
+    done = check(copy)
+    assert done.returncode == 1
+    assert "docs/evidence/decisive.md: block 'decisive decisive-round1'" in done.stdout
+    assert "docs/evidence/img/decisive-round1/reward.png" in done.stdout  # the figure, by its data
+    regenerated = subprocess.run(
+        [sys.executable, "-m", "stapo.tools.report", "evidence", "--root", str(copy)], capture_output=True, text=True
+    )
+    assert regenerated.returncode == 0 and check(copy).returncode == 0
+    page = (copy / "docs/evidence/decisive.md").read_text()
+    assert page != (ROOT / "docs/evidence/decisive.md").read_text() and "| 1 | stapo-s10 | 0.143 | 0.091 |" in page
+
+
+def test_a_changed_card_or_a_missing_figure_fails_the_check(copy):
+    card = copy / "evidence/smoke-sync-1gpu/card.json"
+    card.write_text(card.read_text().replace('"gpu_count": 1', '"gpu_count": 2'))
+    (copy / "docs/evidence/img/decisive-round1/entropy.png").unlink()
+    done = check(copy)
+    assert done.returncode == 1
+    assert "block 'card smoke-sync-1gpu'" in done.stdout and "img/decisive-round1/entropy.png" in done.stdout
+
+
+def test_a_page_naming_a_missing_record_gets_one_line(copy):
+    page = copy / "docs/evidence/extra.md"
+    page.write_text("<!-- evidence:card no-such-record -->\n<!-- /evidence -->\n")
+    done = check(copy)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1
+    assert "docs/evidence/extra.md: block 'card no-such-record'" in done.stderr
+
+
+def test_the_decisive_verdict_in_the_docs_is_what_the_records_give():
+    _, verdict = report([ROOT / "evidence/decisive-round1"])
+    lines = [line for line in (ROOT / "docs/experiments.md").read_text().splitlines() if VERDICT in line]
+    assert lines and all(line.strip("*` ") == verdict for line in lines), lines
+
+
+def test_collect_keeps_the_small_records_of_an_experiment(tmp_path):
+    run = tmp_path / "exp/runs/stapo-s10"
+    run.mkdir(parents=True)
+    (tmp_path / "exp/experiment.json").write_text('{"seed": "0"}\n')
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "data": {"critic/score/mean": 0.5}}) + "\n")
+    (run / "exit_code").write_text("0\n")
+    (run / "train.log").write_text("".join(f"line {i}\n" for i in range(500)))
+    written = evidence.collect(tmp_path / "exp", tmp_path / "rec")
+    names = sorted(str(p.relative_to(tmp_path / "rec")) for p in written)
+    assert names == ["experiment.json", "runs/stapo-s10/exit_code", "runs/stapo-s10/metrics.jsonl.gz",
+                     "runs/stapo-s10/train.log.tail"]  # fmt: skip
+    tail = (tmp_path / "rec/runs/stapo-s10/train.log.tail").read_text().splitlines()
+    assert len(tail) == evidence.LOG_TAIL and tail[-1] == "line 499"
+    assert (
+        gzip.decompress((tmp_path / "rec/runs/stapo-s10/metrics.jsonl.gz").read_bytes()).decode().startswith('{"step"')
+    )
