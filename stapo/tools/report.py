@@ -401,7 +401,7 @@ def plot_runs(
 
     figures = figure_data(runs)
     written, missing = [], [name for name in PLOTS if name not in figures]
-    for name, (title, lines) in figures.items():
+    for name, (label_text, lines) in figures.items():
         if only is not None and name not in only:
             continue
         figure, axes = plt.subplots(figsize=(6.4, 4.0))
@@ -411,7 +411,7 @@ def plot_runs(
             line = axes.plot(steps, mean, label=label, linewidth=1.2, marker=marker, markersize=3)[0]
             if len(series) > 1:
                 axes.fill_between(steps, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
-        axes.set(xlabel="step", ylabel=title, title=title)
+        axes.set(xlabel="step", ylabel=label_text, title=label_text)
         axes.grid(alpha=0.3)
         axes.legend()
         written.append(_save(figure, Path(out_dir) / f"{name}.png", plt))
