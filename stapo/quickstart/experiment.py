@@ -481,6 +481,8 @@ def build_parser() -> argparse.ArgumentParser:
 def check_run_args(args: argparse.Namespace) -> list[str]:
     """Every option of ``run`` before any work; returns the GPUs as ``CUDA_VISIBLE_DEVICES`` entries."""
     check_model_args(args)
+    if problem := output_problem(args.out, "folder"):
+        raise SystemExit(f"error: {problem}")
     unknown = sorted(set(args.methods) - set(methods()))
     if unknown:
         raise SystemExit(f"error: --methods: unknown {', '.join(unknown)}; choose from {', '.join(methods())}")
@@ -550,7 +552,7 @@ def check_overrides(args: argparse.Namespace) -> None:
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
         for method in args.methods:
             try:
-                validate(compose(method, run_overrides(Run(method, 0), model, paths, args)), False)
+                validate(compose(method, run_overrides(Run(method, 0), model, paths, args)), False, args.overrides)
             except Exception as error:  # Hydra's and the trainer's errors name the key
                 raise SystemExit(f"error: --methods {method} with the overrides: {error}") from None
 

@@ -359,6 +359,38 @@ def _hub_records(source: HubSource) -> list[dict]:
     return load_dataset(source.repo, split=source.split).to_list()
 
 
+def check_verl_parquet(path: Path, expected: str, prompt_key: str = "prompt", source_key: str = "data_source") -> None:
+    """What verl's dataset and reward read from a training or validation file, from its footer only (a 17k-row file
+    is not loaded): at least one row, the columns ``source_key``, ``prompt_key`` and ``reward_model``, and their types
+    (a string source, chat messages, a struct with ``ground_truth``). :class:`DataFileError` naming the file, the
+    column and ``expected`` otherwise."""
+    names = parquet_columns(path, expected)
+    columns = dict.fromkeys([source_key, prompt_key, *REQUIRED_COLUMNS[2:]])
+    missing = [c for c in columns if c not in names]
+    if missing:
+        raise DataFileError(f"{path}: missing column(s) {', '.join(missing)}; expected {expected}")
+    file = pq.ParquetFile(path)
+    if file.metadata.num_rows == 0:
+        raise DataFileError(f"{path}: no rows; expected {expected}")
+    schema = file.schema_arrow
+    types = {name: schema.field(name).type for name in columns}
+    message = types[prompt_key]
+    if not (pa.types.is_list(message) or pa.types.is_large_list(message)) or not (
+        pa.types.is_struct(message.value_type) and {"role", "content"} <= {f.name for f in message.value_type}
+    ):
+        raise DataFileError(
+            f"{path}: column '{prompt_key}' holds {message}, not chat messages (a list of {{role, content}}); "
+            f"expected {expected}"
+        )
+    reward = types["reward_model"]
+    if not (pa.types.is_struct(reward) and "ground_truth" in {f.name for f in reward}):
+        raise DataFileError(
+            f"{path}: column 'reward_model' holds {reward}, not a struct with ground_truth; expected {expected}"
+        )
+    if not (pa.types.is_string(types[source_key]) or pa.types.is_large_string(types[source_key])):
+        raise DataFileError(f"{path}: column '{source_key}' holds {types[source_key]}, not text; expected {expected}")
+
+
 def _from_hub(what: str, fetch, option: str):
     """``fetch()``, with a download failure (offline, no access) turned into one line that says what to pass."""
     try:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import fields
 from pathlib import Path
 
@@ -26,11 +27,12 @@ class ConfigError(RuntimeError):
     """The composed config cannot run; one line per problem."""
 
 
-def validate(config: DictConfig, environment: bool = True) -> StapoConfig:
-    """All checks that can run before Ray starts: the ``stapo:`` block, the ``auto`` settings, the preflight
-    checks (with ``environment``: GPUs, data, model too), then verl's own config rules. Raises
-    :class:`ConfigError` with one line per problem."""
-    counts = preflight.count_problems(config)  # first: the checks below compute with these
+def validate(config: DictConfig, environment: bool = True, overrides: Sequence[str] = ()) -> StapoConfig:
+    """All checks that can run before Ray starts: verl's numeric keys and the ``+KEY`` ``overrides`` that look like
+    typos, the ``stapo:`` block, the ``auto`` settings, the preflight checks (with ``environment``: GPUs, data, model
+    too), then verl's own config rules. Raises :class:`ConfigError` with one line per problem."""
+    counts = preflight.count_problems(config) + preflight.added_key_problems(config, overrides)  # first: the checks
+    # below compute with these
     if counts:
         raise ConfigError("\n".join(counts))
     try:
@@ -72,7 +74,9 @@ def forward_env(config: DictConfig) -> None:
 
 
 def run(config: DictConfig) -> None:
-    validate(config)
+    from hydra.core.hydra_config import HydraConfig
+
+    validate(config, overrides=HydraConfig.get().overrides.task)
     forward_env(config)
     preflight.check_installed()
     from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
@@ -141,9 +145,38 @@ def check_names(argv: list[str]) -> None:
             raise SystemExit(2)
 
 
+def parse_problem(argv: Sequence[str]) -> str | None:
+    """The first override of ``argv`` that Hydra's grammar cannot parse (a path with a space, ``ü``, a stray quote),
+    as one line that shows it quoted; Hydra would answer with a ``LexerNoViableAltException`` and no hint."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    parser = OverridesParser.create()
+    for i, arg in enumerate(argv):
+        if arg.startswith("-") or (i and argv[i - 1] in ("--config-name", "-cn", "--config-path", "-cp")):
+            continue
+        try:
+            parser.parse_overrides([arg])
+        except OverrideParseException:
+            split = "=" not in arg and i > 0 and "=" in argv[i - 1]  # a value the shell split at a space
+            whole = f"{argv[i - 1]} {arg}" if split else arg
+            key, _, value = whole.partition("=")
+            reason = (
+                "split at a space by the shell"
+                if split
+                else "Hydra cannot parse it (a space, a non-ASCII letter or a quote in a value needs quoting)"
+            )
+            return f"{whole}: {reason}; quote the value: '{key}=\"{value}\"' (single quotes around it all)"
+    return None
+
+
 def main() -> None:
     if any(arg in ("-h", "--help") for arg in sys.argv[1:]):
         print(usage())
         return
+    problem = parse_problem(sys.argv[1:])
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        raise SystemExit(2)
     check_names(sys.argv[1:])
     _hydra_main()
