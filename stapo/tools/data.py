@@ -404,11 +404,18 @@ def _from_hub(what: str, fetch, option: str):
 
 
 def _check_rows(report: Report, known: Sequence[int], partial: bool) -> None:
-    """An output with no rows, or (unless ``partial``) with fewer rows than the benchmark's known size or than the
-    file it would replace, is an error: good data is never replaced by less."""
+    """An output with no rows or more than the benchmark's known size (another data set under its name), or (unless
+    ``partial``) with fewer rows than the benchmark's known size or than the file it would replace, is an error: good
+    data is never replaced by less."""
     if report.rows == 0:
         skipped = f" ({len(report.skipped)} invalid rows skipped)" if report.skipped else ""
         raise SourceError(f"{', '.join(report.sources)}: no usable rows{skipped}; {report.path} is left as it was")
+    if known and report.rows > max(known):
+        raise SourceError(
+            f"{report.name}: {report.rows} rows from {', '.join(report.sources)}, more than the benchmark's "
+            f"{'/'.join(map(str, known))}: another data set under its name? Name the file after its benchmark or "
+            f"pass --name ({report.path} is left as it was)"
+        )
     if partial:
         return
     if known and report.rows < min(known):
