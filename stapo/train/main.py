@@ -84,6 +84,21 @@ def run(config: DictConfig) -> None:
     run_ppo(config, task_runner_class=TaskRunnerV1)
 
 
+def method_settings() -> str:
+    """What each method's config file sets in the ``stapo:`` block over base.yaml's values, wrapped to the terminal's
+    usual width (``--help``)."""
+    import textwrap
+
+    import yaml
+
+    shown = []
+    for method in methods():
+        block = (yaml.safe_load((CONFIG_DIR / f"{method}.yaml").read_text(encoding="utf-8")) or {}).get("stapo") or {}
+        values = " ".join(f"stapo.{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in block.items())
+        shown.append(f"{method}: {values or '-'}")
+    return textwrap.fill("Each METHOD sets: " + " | ".join(shown), 118, subsequent_indent="  ")
+
+
 def usage() -> str:
     """What ``--help`` prints: the recipe's own options, not verl's 1,100-line config."""
     settings = [
@@ -95,7 +110,7 @@ def usage() -> str:
         "       bash scripts/train.sh METHOD SIZE [KEY=VALUE ...]\n\n"
         f"METHOD: {' | '.join(methods())}   SIZE: {' | '.join(sizes())} (default qwen3_1.7b)\n"
         f"Configs: {CONFIG_DIR} (base.yaml, one file per method, size/*.yaml)\n\n"
-        f"The stapo block (defaults; README 'The stapo: block'):\n{knobs}\n\n"
+        f"The stapo block (base.yaml's values; README 'The stapo: block'):\n{knobs}\n{method_settings()}\n\n"
         "Any key of verl's ppo_trainer config can be overridden, e.g. trainer.n_gpus_per_node=4 data.train_files=F.\n"
         "Print the composed config without running: python -m stapo.train --config-name stapo --cfg job"
     )
