@@ -58,7 +58,7 @@ from stapo.quickstart.run import (
 from stapo.quickstart.task import task_paths
 from stapo.quickstart.tiny import replace_overrides
 from stapo.tools.inspect_tokens import group_advantages
-from stapo.tools.io import follow_umask, model_folder_problems, output_problem, write_atomic
+from stapo.tools.io import follow_umask, hold_folder, model_folder_problems, output_problem, write_atomic
 from stapo.tools.report import VALIDATION, ReportError, band, plot_runs, read_metrics
 from stapo.train.clusters import launch
 from stapo.train.preflight import local_cluster_problems
@@ -714,6 +714,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(summarize(args.folder, args.plots or args.folder / "plots"))
         return
     gpus = check_run_args(args)
+    if problem := hold_folder(args.out):
+        raise SystemExit(f"error: {problem}")
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS for the warm-up
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a kill stops the runs and their clusters too
     folder = prepared_model(args) if args.model else warm_model(args)

@@ -3,6 +3,7 @@ errors name the file and what was expected instead of a library traceback."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import tempfile
@@ -55,6 +56,32 @@ def output_problem(path: Path, kind: str, option: str = "--out") -> str | None:
         return f"{option} {path}: {nearest} is a file, so nothing can be made under it; name another place"
     if nearest is not None and not os.access(nearest, os.W_OK | os.X_OK):  # access(2) sees chattr +i even as root
         return f"{option} {path}: {nearest} cannot be written (read-only, immutable or not yours); name another place"
+    return None
+
+
+_HELD: dict[Path, int] = {}
+"""Folders this process holds (:func:`hold_folder`) and their open descriptors."""
+
+
+def hold_folder(folder: Path, option: str = "--out") -> str | None:
+    """Make ``folder`` and hold it for the rest of this process with an exclusive ``flock`` on the folder itself, which
+    the kernel drops when the process ends, however it ends (``kill -9`` too): no lock is ever left stuck, and nothing
+    is written into the folder. One line naming the option when another process holds it (or it cannot be made),
+    else None."""
+    folder = Path(folder).absolute()
+    if folder in _HELD:
+        return None
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        descriptor = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as error:
+        return f"{option} {folder}: cannot make the folder ({error.strerror})"
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(descriptor)
+        return f"{option} {folder}: another run is writing into it now; wait for it to end or name another folder"
+    _HELD[folder] = descriptor
     return None
 
 
