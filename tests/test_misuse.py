@@ -2,17 +2,22 @@
 
 Every ``python -m stapo.*`` entry point and sub-command is listed in :data:`ENTRIES` with a valid command line and the
 point where its checks are done and its work begins (a tripwire: reaching it ends the case). From the parser, each
-option gets the inputs that fit its kind: not a number, zero and a negative number for numbers; a missing path, a
-folder where a file is meant (or a file where a folder is), an empty file and a junk file for input paths; a file in
-the way, or a path under a file, for outputs. Each case runs the real entry point in-process from a working folder of
-its own and must end in a non-zero exit with exactly one ``error:`` line naming the option or the value, no traceback,
-before the work begins, with nothing new in the working folder; or, where :data:`MEANINGS` documents what the value
-means, reach the work. A new option joins the table by itself; a new entry point fails
-:func:`test_every_entry_point_is_in_the_table` until it is listed. Stand-ins: the CUDA device count for the GPU tools
-(``gpus``) and vLLM's presence for ``evaluate`` (neither exists on a CPU).
+option gets the inputs that fit its kind: not a number, zero and a negative number for numbers; a missing path, a folder
+where a file is meant (or a file where a folder is), an empty file and a junk file for input paths; a file in the way, a
+path under a file, or a folder that cannot be written (``chattr +i``, or ``chmod 0555`` for a user other than root: the
+``read_only`` fixture) for outputs. Each case runs the real entry point in-process from a working folder of its own and
+must end in a non-zero exit with exactly one ``error:`` line naming the option or the value, no traceback, before the
+work begins, with nothing new in the working folder; or, where :data:`MEANINGS` documents what the value means, reach
+the work. A new option joins the table by itself; a new entry point fails :func:`test_every_entry_point_is_in_the_table`
+until it is listed. Stand-ins: the CUDA device count for the GPU tools (``gpus``) and vLLM's presence for ``evaluate``
+(neither exists on a CPU).
 
 ``python -m stapo.train``'s typed keys are checked the same way through the trainer's checks
-(:func:`test_every_typed_key_of_the_trainer_is_checked`).
+(:func:`test_every_typed_key_of_the_trainer_is_checked`: the keys of the preflight's ``RANGES`` table out of range,
+mini-batches that do not divide, ``+KEY`` typos, training files without rows or with wrongly typed columns, a
+read-only checkpoint folder); every numeric key of verl's own config, found in it, refuses text
+(:func:`test_every_numeric_key_of_verl_refuses_text`); an override that Hydra cannot parse is one line that shows it
+quoted.
 """
 
 from __future__ import annotations
