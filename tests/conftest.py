@@ -7,17 +7,24 @@ beside this one's CI run wrote /tmp/ray/ray_current_cluster during a test, which
 Tests own their Ray clusters: a cluster that another process runs on the machine, before the test or during it, is
 not the test's, and :func:`foreign_ray_ignored` keeps the preflight's view of the machine to the clusters the test
 starts.
+
+Everything the tests and the processes they start put in the system's temporary folder (pytest's own folders, verl's
+``ckpt_*.lock`` files, multiprocessing's ``pymp-*`` folders) goes to a folder of this session's own (``TMPDIR``),
+removed when the session ends.
 """
 
 import atexit
 import os
 import shutil
+import subprocess
 import tempfile
 from pathlib import Path
 
 import pytest
 
 os.environ["RAY_AUTH_MODE"] = "disabled"
+os.environ["TMPDIR"] = tempfile.tempdir = tempfile.mkdtemp(prefix="stapo-tests-")
+atexit.register(shutil.rmtree, tempfile.tempdir, ignore_errors=True)
 os.environ["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's socket paths have a length limit
 atexit.register(shutil.rmtree, os.environ["RAY_TMPDIR"], ignore_errors=True)
 
@@ -59,3 +66,27 @@ def foreign_ray_ignored(monkeypatch):
         assert had_address_file or not address_file.exists(), f"{address_file} left behind"
 
     return nothing_left
+
+
+@pytest.fixture
+def read_only():
+    """A function that makes a folder unwritable and undoes it after the test: ``chmod 0555``, and where that does
+    not stop this user (root ignores permission bits) ``chattr +i``, which root cannot write past either. Skips the
+    test where neither holds (a filesystem without the immutable flag, run as root)."""
+    made = []
+
+    def make(folder: Path) -> Path:
+        folder.mkdir(parents=True, exist_ok=True)
+        made.append(folder)
+        folder.chmod(0o555)
+        if os.access(folder, os.W_OK) and shutil.which("chattr"):
+            subprocess.run(["chattr", "+i", str(folder)], capture_output=True, check=False)
+        if os.access(folder, os.W_OK):
+            pytest.skip("no way to make a folder read-only here (root, and no chattr +i)")
+        return folder
+
+    yield make
+    for folder in made:
+        if shutil.which("chattr"):
+            subprocess.run(["chattr", "-i", str(folder)], capture_output=True, check=False)
+        folder.chmod(0o755)

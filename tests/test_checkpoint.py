@@ -134,3 +134,12 @@ def test_a_run_that_saved_hugging_face_weights_needs_no_merge(trained, tmp_path)
         (step / "actor" / "huggingface" / name).write_bytes((model / name).read_bytes())
     assert find_model(step) == type(find_model(step))(step / "actor" / "huggingface")
     assert json.loads((step / "actor" / "fsdp_config.json").read_text())["world_size"] == 1
+
+
+def test_running_the_module_says_what_it_is():
+    """``python -m stapo.tools.checkpoint --help`` printed nothing: it says it is a library, and what uses it."""
+    out = subprocess.run(
+        [sys.executable, "-m", "stapo.tools.checkpoint", "--help"], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0 and "Not a command of its own: `python -m stapo.tools.evaluate" in out.stdout
+    assert subprocess.run([sys.executable, "-m", "stapo.tools.checkpoint"], capture_output=True).returncode == 2

@@ -217,6 +217,7 @@ def test_help_lists_methods_sizes_and_every_stapo_key():
     assert len(out.stdout.splitlines()) < 30  # not verl's 1,100-line config
     for name in (*methods(), *sizes(), *(f"stapo.{f.name}=" for f in fields(StapoConfig))):
         assert name in out.stdout
+    assert "| stapo: stapo.mask=s2t |" in out.stdout and "entropy20: stapo.mask=top_entropy |" in out.stdout
 
 
 def test_the_plugin_keeps_the_workers_imports_small():

@@ -266,6 +266,19 @@ def test_an_empty_or_short_source_never_replaces_good_data(prepared, tmp_path, c
     assert len(read_rows(out / "math500.parquet")) == 3
 
 
+def test_a_source_larger_than_its_benchmark_is_refused(tmp_path, capsys):
+    """100 problems in a file named aime24 (30 problems) are another data set under its name: one line, nothing
+    written, with --partial too."""
+    rows = [{"problem": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(100)]
+    src = write_jsonl(tmp_path / "aime24.jsonl", rows)
+    for partial in ([], ["--partial"]):
+        with pytest.raises(SystemExit) as exit_info:
+            data.main(["eval", "--src", str(src), "--out", str(tmp_path / "out"), *partial])
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert exit_info.value.code == 2 and line.startswith("error: aime24: 100 rows from")
+        assert "more than the benchmark's 30" in line and not (tmp_path / "out").exists()
+
+
 def test_train_never_replaces_a_larger_file_without_partial(tmp_path):
     prepare_train(FIXTURES / "dapo_processed_sample.jsonl", tmp_path)
     fewer = write_jsonl(tmp_path / "one.jsonl", [{"problem": "What is 1+1?", "answer": "2"}])

@@ -2,22 +2,28 @@
 
 Every ``python -m stapo.*`` entry point and sub-command is listed in :data:`ENTRIES` with a valid command line and the
 point where its checks are done and its work begins (a tripwire: reaching it ends the case). From the parser, each
-option gets the inputs that fit its kind: not a number, zero and a negative number for numbers; a missing path, a
-folder where a file is meant (or a file where a folder is), an empty file and a junk file for input paths; a file in
-the way, or a path under a file, for outputs. Each case runs the real entry point in-process from a working folder of
-its own and must end in a non-zero exit with exactly one ``error:`` line naming the option or the value, no traceback,
-before the work begins, with nothing new in the working folder; or, where :data:`MEANINGS` documents what the value
-means, reach the work. A new option joins the table by itself; a new entry point fails
-:func:`test_every_entry_point_is_in_the_table` until it is listed. Stand-ins: the CUDA device count for the GPU tools
-(``gpus``) and vLLM's presence for ``evaluate`` (neither exists on a CPU).
+option gets the inputs that fit its kind: not a number, zero and a negative number for numbers; a missing path, a folder
+where a file is meant (or a file where a folder is), an empty file and a junk file for input paths; a file in the way, a
+path under a file, or a folder that cannot be written (``chattr +i``, or ``chmod 0555`` for a user other than root: the
+``read_only`` fixture) for outputs. Each case runs the real entry point in-process from a working folder of its own and
+must end in a non-zero exit with exactly one ``error:`` line naming the option or the value, no traceback, before the
+work begins, with nothing new in the working folder; or, where :data:`MEANINGS` documents what the value means, reach
+the work. A new option joins the table by itself; a new entry point fails :func:`test_every_entry_point_is_in_the_table`
+until it is listed. Stand-ins: the CUDA device count for the GPU tools (``gpus``) and vLLM's presence for ``evaluate``
+(neither exists on a CPU).
 
 ``python -m stapo.train``'s typed keys are checked the same way through the trainer's checks
-(:func:`test_every_typed_key_of_the_trainer_is_checked`).
+(:func:`test_every_typed_key_of_the_trainer_is_checked`: the keys of the preflight's ``RANGES`` table out of range,
+mini-batches that do not divide, ``+KEY`` typos, training files without rows or with wrongly typed columns, a
+read-only checkpoint folder); every numeric key of verl's own config, found in it, refuses text
+(:func:`test_every_numeric_key_of_verl_refuses_text`); an override that Hydra cannot parse is one line that shows it
+quoted.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import importlib
 import pkgutil
 import shutil
@@ -179,8 +185,8 @@ INPUTS = {
     "float": ("abc", "0", "-1", "nan"),
     "file": ("<missing>", "<folder>", "<empty>", "<junk>"),
     "folder": ("<missing>", "<file>"),
-    "out-folder": ("<file>", "<under-file>"),
-    "out-file": ("<folder>", "<under-file>"),
+    "out-folder": ("<file>", "<under-file>", "<read-only>"),
+    "out-file": ("<folder>", "<under-file>", "<read-only>"),
     "text": ("junk!",),
 }
 
@@ -405,10 +411,12 @@ def test_each_valid_command_line_reaches_its_work(command, assets, tmp_path, mon
 
 
 @pytest.mark.parametrize("command, name, kind, token", generated_cases())
-def test_bad_input_is_one_line_and_leaves_nothing(command, name, kind, token, assets, tmp_path, monkeypatch, capsys):
+def test_bad_input_is_one_line_and_leaves_nothing(
+    command, name, kind, token, assets, tmp_path, monkeypatch, capsys, read_only
+):
     work = tmp_path / "work"
     work.mkdir()
-    value = bad_value(kind, token, work)
+    value = str(read_only(tmp_path / "read-only") / "out") if token == "<read-only>" else bad_value(kind, token, work)
     argv = [a.replace("{A}", str(assets)).replace("{W}", str(work)) for a in ENTRIES[command].argv]
     parser, _ = capture_parser(command.split()[0], argv)
     argv = with_value(command, parser, argv, name, value)
@@ -427,19 +435,51 @@ def test_bad_input_is_one_line_and_leaves_nothing(command, name, kind, token, as
 
 
 # ---------------------------------------------------------------------------------------------- the trainer's keys
+OUT_OF_RANGE = {
+    "count": ("abc", "0", "-1", "1.5"),
+    "frequency": ("abc", "1.5", "-2"),
+    "positive": ("abc", "0", "-1", "nan"),
+    "share": ("abc", "0", "1.5"),
+    "fraction": ("abc", "-0.1", "1.5"),
+}
+"""Rule of :data:`stapo.train.preflight.RANGES` -> values outside it."""
+DATA_FILES = ("<no-rows>", "<int-prompt>", "<text-reward>")
+"""Training parquets that verl would fail on after start-up (:func:`bad_parquet`)."""
+
+
 def trainer_cases():
     from stapo.config import StapoConfig
-    from stapo.train.preflight import COUNTS, FREQUENCIES
+    from stapo.train.preflight import RANGES
 
-    found = [(key, value) for key in COUNTS for value in ("abc", "0", "-1", "1.5")]
-    found += [(key, value) for key in FREQUENCIES for value in ("abc", "1.5")]
+    found = [(key, value) for key, (rule, _) in RANGES.items() for value in OUT_OF_RANGE[rule]]
     for option in StapoConfig.__dataclass_fields__:
         found.append((f"stapo.{option}", "junk"))
     found += [("stapo.tau_p", "0"), ("stapo.tau_p", "5"), ("stapo.q", "-1"), ("stapo.top_entropy_ratio", "0")]
-    found += [(key, token) for key in ("data.train_files", "data.val_files") for token in INPUTS["file"]]
+    found += [(key, token) for key in ("data.train_files", "data.val_files") for token in INPUTS["file"] + DATA_FILES]
     found += [("actor_rollout_ref.model.path", token) for token in ("<missing>", "<file>", "<folder>")]
-    found += [("data.train_files", "[]")]
+    found += [("data.train_files", "[]"), ("trainer.default_local_dir", "<read-only>")]
+    found += [("actor_rollout_ref.actor.ppo_mini_batch_size", "48"), ("trainer.n_gpus_per_node", "3")]
+    found += [("+trainer.totl_training_steps", "5"), ("+actor_rollout_ref.actor.optim.lrr", "1e-6")]
     return [pytest.param(key, value, id=f"{key}={value}") for key, value in found]
+
+
+def bad_parquet(token: str, valid: Path, folder: Path) -> Path:
+    """The training file ``valid`` with no rows, integer prompts, or text where ``reward_model`` is a struct."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(valid)
+    rows = table.num_rows
+    if token == "<no-rows>":
+        table = table.slice(0, 0)
+    elif token == "<int-prompt>":
+        table = table.set_column(table.schema.get_field_index("prompt"), "prompt", pa.array(range(rows)))
+    else:
+        column = table.schema.get_field_index("reward_model")
+        table = table.set_column(column, "reward_model", pa.array(["42"] * rows))
+    folder.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, folder / f"{token.strip('<>')}.parquet")
+    return folder / f"{token.strip('<>')}.parquet"
 
 
 @pytest.fixture(scope="module")
@@ -468,7 +508,7 @@ def trainer_checks(monkeypatch):
 
     def check(overrides):
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-            validate(compose("stapo", overrides), environment=True)
+            validate(compose("stapo", overrides), environment=True, overrides=overrides)
 
     return check
 
@@ -478,12 +518,74 @@ def test_the_valid_trainer_config_passes(trainer_checks, trainer_overrides):
 
 
 @pytest.mark.parametrize("key, token", trainer_cases())
-def test_every_typed_key_of_the_trainer_is_checked(key, token, trainer_checks, trainer_overrides, tmp_path):
+def test_every_typed_key_of_the_trainer_is_checked(
+    key, token, trainer_checks, trainer_overrides, assets, tmp_path, read_only
+):
     """``python -m stapo.train``'s checks refuse each bad value with one line naming its key."""
     from stapo.train.main import ConfigError
 
-    value = bad_value("file", token, tmp_path / "work") if token.startswith("<") else token
+    value = token
+    if token == "<read-only>":
+        value = str(read_only(tmp_path / "read-only") / "ckpt")
+    elif token in DATA_FILES:
+        value = str(bad_parquet(token, assets / "task" / "train.parquet", tmp_path / "data"))
+    elif token.startswith("<"):
+        value = bad_value("file", token, tmp_path / "work")
     with pytest.raises(ConfigError) as refused:
         trainer_checks([*trainer_overrides, f"{key}={value}"])
     lines = str(refused.value).splitlines()
     assert len(lines) == 1 and (key in lines[0] or value in lines[0]), lines
+
+
+@pytest.fixture(scope="module")
+def valid_trainer_config(trainer_overrides):
+    from hydra import compose, initialize_config_dir
+
+    from stapo.config import CONFIG_DIR
+
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        return compose("stapo", trainer_overrides)
+
+
+def verl_numeric_keys() -> list[str]:
+    from stapo.train.preflight import verl_numbers
+
+    return sorted(verl_numbers())
+
+
+@pytest.mark.parametrize("key", verl_numeric_keys())
+def test_every_numeric_key_of_verl_refuses_text(key, valid_trainer_config):
+    """Each int or float key of verl's own config (found in it, so that a key verl adds is covered too) set to text
+    is refused with one line naming it, before anything else is checked."""
+    from omegaconf import OmegaConf
+
+    from stapo.train.main import ConfigError, validate
+
+    config = copy.deepcopy(valid_trainer_config)
+    OmegaConf.update(config, key, "abc")
+    with pytest.raises(ConfigError) as refused:
+        validate(config, environment=False)
+    lines = str(refused.value).splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"{key}=abc: must be"), lines
+
+
+@pytest.mark.parametrize(
+    "argv, quoted",
+    [
+        (["data.train_files=outputs/ü/train.parquet"], """'data.train_files="outputs/ü/train.parquet"'"""),
+        (["data.train_files=my", "data/train.parquet"], """'data.train_files="my data/train.parquet"'"""),
+    ],
+    ids=["non-ascii", "space"],
+)
+def test_an_override_hydra_cannot_parse_is_one_line_showing_the_quoting(argv, quoted, tmp_path, monkeypatch, capsys):
+    """A value with a non-ASCII letter, or one the shell split at a space (``$STAPO_DATA`` holding one): one line that
+    shows the override quoted, before Hydra (``LexerNoViableAltException``) and before anything is written."""
+    from stapo.train import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.argv", ["stapo.train", "--config-name=stapo", "stapo.mask=s2t", *argv])
+    with pytest.raises(SystemExit) as stopped:
+        main.main()
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert stopped.value.code == 2 and line.startswith("error: ") and f"quote the value: {quoted}" in line
+    assert list(tmp_path.iterdir()) == []

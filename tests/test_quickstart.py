@@ -350,3 +350,27 @@ def test_smollm2_keeps_the_steps_done_before(tmp_path, monkeypatch):
     ran.clear()
     qs.run_smollm2(qs.build_parser().parse_args(["gpu", "--model", "smollm2", "--out", str(tmp_path), "--seed", "4"]))
     assert [str(c[2]).rsplit(".", 1)[1] for c in ran] == ["task"] * 5 + ["warmup", "experiment"]  # the model is kept
+
+
+def test_an_output_folder_in_use_is_refused_and_a_killed_run_leaves_no_lock(tmp_path, capsys):
+    """Two quickstarts into one folder at once ran side by side; the second now stops with one line. The lock is the
+    first one's ``flock`` on the folder, which ``kill -9`` releases: nothing is written, nothing is left stuck."""
+    out = tmp_path / "quickstart"
+    code = "import sys, time; from stapo.tools.io import hold_folder as h; print(h(sys.argv[1]), flush=True); "
+    code += "time.sleep(99)"
+    holder = subprocess.Popen([sys.executable, "-c", code, str(out)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "None"
+        with pytest.raises(SystemExit) as stopped:
+            qs.main(["cpu", "--out", str(out)])
+        assert (
+            stopped.value.code
+            == f"error: --out {out}: another run is writing into it now; wait for it to end or name another folder"
+        )
+        assert list(out.iterdir()) == []
+    finally:
+        holder.kill()
+        holder.wait()
+    from stapo.tools.io import hold_folder
+
+    assert hold_folder(out) is None and hold_folder(out) is None  # free again; this process may ask twice

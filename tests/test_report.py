@@ -118,6 +118,22 @@ def test_log_formats(tmp_path):
         report.read_metrics(FIXTURES / "report_expected_table.md")
 
 
+def test_a_damaged_jsonl_line_is_named_unless_it_is_the_last(tmp_path, capsys):
+    """A kill mid-write cuts off the last line only, which is skipped; a damaged line before it was skipped silently
+    (and a step's metrics with it): ``report plot`` now names the file and line, writing nothing."""
+    lines = (FIXTURES / "report_log_stapo_qwen3_1.7b.jsonl").read_text().splitlines()
+    cut = tmp_path / "cut.jsonl"
+    cut.write_text("\n".join([*lines, lines[-1][:20]]) + "\n")
+    assert len(report.read_metrics(cut)["actor/entropy"]) == 30
+    damaged = tmp_path / "damaged.jsonl"
+    damaged.write_text("\n".join([*lines[:5], lines[5][:20], *lines[6:]]) + "\n")
+    with pytest.raises(SystemExit) as stopped:
+        report.main(["plot", f"stapo={damaged}", "--out", str(tmp_path / "plots")])
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert stopped.value.code and line.startswith(f"error: {damaged}: line 6 is not a complete JSON record")
+    assert not (tmp_path / "plots").exists()
+
+
 def test_plots_one_line_per_method(tmp_path, capsys):
     write_tensorboard_run(tmp_path / "tb" / "grpo_qwen3_1.7b")
     report.main(

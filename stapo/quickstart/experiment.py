@@ -59,7 +59,7 @@ from stapo.quickstart.run import (
 from stapo.quickstart.task import task_paths
 from stapo.quickstart.tiny import replace_overrides
 from stapo.tools.inspect_tokens import group_advantages
-from stapo.tools.io import follow_umask, model_folder_problems, output_problem, write_atomic
+from stapo.tools.io import follow_umask, hold_folder, model_folder_problems, output_problem, write_atomic
 from stapo.tools.report import VALIDATION, ReportError, band, plot_runs, read_metrics
 from stapo.train.clusters import launch
 from stapo.train.preflight import local_cluster_problems
@@ -493,6 +493,8 @@ def build_parser() -> argparse.ArgumentParser:
 def check_run_args(args: argparse.Namespace) -> list[str]:
     """Every option of ``run`` before any work; returns the GPUs as ``CUDA_VISIBLE_DEVICES`` entries."""
     check_model_args(args)
+    if problem := output_problem(args.out, "folder"):
+        raise SystemExit(f"error: {problem}")
     unknown = sorted(set(args.methods) - set(methods()))
     if unknown:
         raise SystemExit(f"error: --methods: unknown {', '.join(unknown)}; choose from {', '.join(methods())}")
@@ -562,7 +564,7 @@ def check_overrides(args: argparse.Namespace) -> None:
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
         for method in args.methods:
             try:
-                validate(compose(method, run_overrides(Run(method, 0), model, paths, args)), False)
+                validate(compose(method, run_overrides(Run(method, 0), model, paths, args)), False, args.overrides)
             except Exception as error:  # Hydra's and the trainer's errors name the key
                 raise SystemExit(f"error: --methods {method} with the overrides: {error}") from None
 
@@ -730,6 +732,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(summarize(args.folder, args.plots or args.folder / "plots"))
         return
     gpus = check_run_args(args)
+    if problem := hold_folder(args.out):
+        raise SystemExit(f"error: {problem}")
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS for the warm-up
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a kill stops the runs and their clusters too
     folder = prepared_model(args) if args.model else warm_model(args)

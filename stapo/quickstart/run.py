@@ -38,7 +38,7 @@ from stapo.quickstart import task
 from stapo.quickstart.tiny import replace_overrides, tiny_run_overrides
 from stapo.tools.data import make_prompt, write_parquet
 from stapo.tools.inspect_tokens import Rollout, format_token, grpo_advantages, mask_batch, silenced_records, token_stats
-from stapo.tools.io import follow_umask, output_problem, write_atomic
+from stapo.tools.io import follow_umask, hold_folder, output_problem, write_atomic
 from stapo.tools.report import ReportError, plot_s2t, read_metrics
 from stapo.tools.reward import compute_score
 
@@ -519,10 +519,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Command-line entry point (``python -m stapo.quickstart``)."""
     args = build_parser().parse_args(argv)
     check_args(args)
-    try:
-        args.out.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise SystemExit(f"error: --out {args.out}: cannot make the folder ({error.strerror})") from None
+    if problem := hold_folder(args.out):  # two quickstarts into one folder would overwrite each other's files
+        raise SystemExit(f"error: {problem}")
     if args.model == "smollm2":
         run_smollm2(args)
         return

@@ -158,3 +158,11 @@ def merge(actor: Path, target: Path) -> None:
     finally:
         shutil.rmtree(partial, ignore_errors=True)
     print(f"merged in {time.monotonic() - began:.1f} s: {target}", flush=True)
+
+
+if __name__ == "__main__":  # a library: say so, and what uses it, instead of printing nothing
+    print(
+        f"{__doc__.strip()}\n\nNot a command of its own: `python -m stapo.tools.evaluate --model CHECKPOINT` and "
+        "`python -m stapo.tools.inspect_tokens --model CHECKPOINT` find, merge and load checkpoints with it."
+    )
+    sys.exit(0 if sys.argv[1:] in (["-h"], ["--help"]) else 2)

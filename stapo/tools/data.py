@@ -359,6 +359,38 @@ def _hub_records(source: HubSource) -> list[dict]:
     return load_dataset(source.repo, split=source.split).to_list()
 
 
+def check_verl_parquet(path: Path, expected: str, prompt_key: str = "prompt", source_key: str = "data_source") -> None:
+    """What verl's dataset and reward read from a training or validation file, from its footer only (a 17k-row file
+    is not loaded): at least one row, the columns ``source_key``, ``prompt_key`` and ``reward_model``, and their types
+    (a string source, chat messages, a struct with ``ground_truth``). :class:`DataFileError` naming the file, the
+    column and ``expected`` otherwise."""
+    names = parquet_columns(path, expected)
+    columns = dict.fromkeys([source_key, prompt_key, *REQUIRED_COLUMNS[2:]])
+    missing = [c for c in columns if c not in names]
+    if missing:
+        raise DataFileError(f"{path}: missing column(s) {', '.join(missing)}; expected {expected}")
+    file = pq.ParquetFile(path)
+    if file.metadata.num_rows == 0:
+        raise DataFileError(f"{path}: no rows; expected {expected}")
+    schema = file.schema_arrow
+    types = {name: schema.field(name).type for name in columns}
+    message = types[prompt_key]
+    if not (pa.types.is_list(message) or pa.types.is_large_list(message)) or not (
+        pa.types.is_struct(message.value_type) and {"role", "content"} <= {f.name for f in message.value_type}
+    ):
+        raise DataFileError(
+            f"{path}: column '{prompt_key}' holds {message}, not chat messages (a list of {{role, content}}); "
+            f"expected {expected}"
+        )
+    reward = types["reward_model"]
+    if not (pa.types.is_struct(reward) and "ground_truth" in {f.name for f in reward}):
+        raise DataFileError(
+            f"{path}: column 'reward_model' holds {reward}, not a struct with ground_truth; expected {expected}"
+        )
+    if not (pa.types.is_string(types[source_key]) or pa.types.is_large_string(types[source_key])):
+        raise DataFileError(f"{path}: column '{source_key}' holds {types[source_key]}, not text; expected {expected}")
+
+
 def _from_hub(what: str, fetch, option: str):
     """``fetch()``, with a download failure (offline, no access) turned into one line that says what to pass."""
     try:
@@ -372,11 +404,18 @@ def _from_hub(what: str, fetch, option: str):
 
 
 def _check_rows(report: Report, known: Sequence[int], partial: bool) -> None:
-    """An output with no rows, or (unless ``partial``) with fewer rows than the benchmark's known size or than the
-    file it would replace, is an error: good data is never replaced by less."""
+    """An output with no rows or more than the benchmark's known size (another data set under its name), or (unless
+    ``partial``) with fewer rows than the benchmark's known size or than the file it would replace, is an error: good
+    data is never replaced by less."""
     if report.rows == 0:
         skipped = f" ({len(report.skipped)} invalid rows skipped)" if report.skipped else ""
         raise SourceError(f"{', '.join(report.sources)}: no usable rows{skipped}; {report.path} is left as it was")
+    if known and report.rows > max(known):
+        raise SourceError(
+            f"{report.name}: {report.rows} rows from {', '.join(report.sources)}, more than the benchmark's "
+            f"{'/'.join(map(str, known))}: another data set under its name? Name the file after its benchmark or "
+            f"pass --name ({report.path} is left as it was)"
+        )
     if partial:
         return
     if known and report.rows < min(known):

@@ -3,6 +3,7 @@ errors name the file and what was expected instead of a library traceback."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import tempfile
@@ -42,17 +43,45 @@ def write_atomic(path: Path, data: str | bytes) -> None:
 
 def output_problem(path: Path, kind: str, option: str = "--out") -> str | None:
     """Why ``path`` cannot be written as a ``kind`` (``"folder"`` or ``"file"``): something of the other kind is in
-    the way. One line naming the option and the fix, or None."""
+    the way, or the folder it would be written in (the nearest existing one) is read-only or immutable. One line
+    naming the option and the fix, or None."""
     path = Path(path)
     if kind == "folder" and path.exists() and not path.is_dir():
         return f"{option} {path}: a file is in the way; name a folder"
     if kind == "file" and path.is_dir():
         return f"{option} {path}: a folder is in the way; name a file"
-    for parent in path.parents:  # the nearest existing folder above it must be one
-        if parent.exists():
-            if not parent.is_dir():
-                return f"{option} {path}: {parent} is a file, so nothing can be made under it; name another place"
-            break
+    start = path if kind == "folder" else path.parent
+    nearest = next((p for p in (start, *start.parents) if p.exists()), None)
+    if nearest is not None and not nearest.is_dir():
+        return f"{option} {path}: {nearest} is a file, so nothing can be made under it; name another place"
+    if nearest is not None and not os.access(nearest, os.W_OK | os.X_OK):  # access(2) sees chattr +i even as root
+        return f"{option} {path}: {nearest} cannot be written (read-only, immutable or not yours); name another place"
+    return None
+
+
+_HELD: dict[Path, int] = {}
+"""Folders this process holds (:func:`hold_folder`) and their open descriptors."""
+
+
+def hold_folder(folder: Path, option: str = "--out") -> str | None:
+    """Make ``folder`` and hold it for the rest of this process with an exclusive ``flock`` on the folder itself, which
+    the kernel drops when the process ends, however it ends (``kill -9`` too): no lock is ever left stuck, and nothing
+    is written into the folder. One line naming the option when another process holds it (or it cannot be made),
+    else None."""
+    folder = Path(folder).absolute()
+    if folder in _HELD:
+        return None
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        descriptor = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as error:
+        return f"{option} {folder}: cannot make the folder ({error.strerror})"
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(descriptor)
+        return f"{option} {folder}: another run is writing into it now; wait for it to end or name another folder"
+    _HELD[folder] = descriptor
     return None
 
 
@@ -90,7 +119,7 @@ def model_folder_problems(folder: Path, label: str | None = None) -> list[str]:
                 header = json.loads(file.read(length))
             end = 8 + length + max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
         except (OSError, ValueError, KeyError, TypeError, IndexError) as error:
-            found.append(f"{path}: not a readable safetensors file ({_first_line(error)}); copy it again")
+            found.append(f"{path}: not a readable safetensors file ({first_line(error)}); copy it again")
             continue
         if path.stat().st_size < end:
             found.append(f"{path}: truncated ({path.stat().st_size:,} of {end:,} bytes); copy it again")
@@ -134,9 +163,7 @@ def parquet_columns(path: Path, expected: str) -> list[str]:
     try:
         return pq.read_schema(path).names
     except Exception as error:  # noqa: BLE001 - pyarrow raises several types for a damaged file
-        raise DataFileError(
-            f"{path}: not a readable parquet file ({_first_line(error)}); expected {expected}"
-        ) from None
+        raise DataFileError(f"{path}: not a readable parquet file ({first_line(error)}); expected {expected}") from None
 
 
 def read_parquet(path: Path, expected: str, columns: Iterable[str] | None = None) -> list[dict]:
@@ -152,9 +179,7 @@ def read_parquet(path: Path, expected: str, columns: Iterable[str] | None = None
     try:
         return pq.read_table(path, columns=columns).to_pylist()
     except Exception as error:  # noqa: BLE001
-        raise DataFileError(
-            f"{path}: not a readable parquet file ({_first_line(error)}); expected {expected}"
-        ) from None
+        raise DataFileError(f"{path}: not a readable parquet file ({first_line(error)}); expected {expected}") from None
 
 
 def read_jsonl(path: Path, expected: str) -> list[dict]:
@@ -177,7 +202,8 @@ def read_jsonl(path: Path, expected: str) -> list[dict]:
     return records
 
 
-def _first_line(error: Exception) -> str:
+def first_line(error: Exception) -> str:
+    """The first line of what ``error`` says (its type when it says nothing)."""
     return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 

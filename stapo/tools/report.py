@@ -313,10 +313,17 @@ def read_metrics(path: Path) -> dict[str, dict[int, float]]:
     else:
         for part in segments(path):
             opener = gzip.open if part.suffix == ".gz" else open
-            with opener(part, "rt", encoding="utf-8", errors="replace") as lines:
-                for line in lines:
-                    for key, step, value in _parse_log_line(line):
-                        metrics.setdefault(key, {})[step] = value
+            with opener(part, "rt", encoding="utf-8", errors="replace") as file:
+                lines = file.read().splitlines()
+            for number, line in enumerate(lines, 1):
+                parsed = _parse_log_line(line)
+                if parsed is None and number < len(lines):  # a kill mid-write cuts off the last line only
+                    raise ReportError(
+                        f"{part}: line {number} is not a complete JSON record (only a last line cut off by a kill is "
+                        "skipped); repair or delete that line"
+                    )
+                for key, step, value in parsed or []:
+                    metrics.setdefault(key, {})[step] = value
     if not metrics:
         raise ReportError(
             f"{path}: no metrics found; pass verl's file-logger JSONL, a console log with 'step:N - key:value' lines, "
@@ -325,15 +332,19 @@ def read_metrics(path: Path) -> dict[str, dict[int, float]]:
     return metrics
 
 
-def _parse_log_line(line: str) -> list[tuple[str, int, float]]:
-    """``(metric, step, value)`` of one file-logger or console line; [] for any other line."""
+def _parse_log_line(line: str) -> list[tuple[str, int, float]] | None:
+    """``(metric, step, value)`` of one file-logger or console line; [] for any other line, None for a file-logger
+    line that is not JSON (cut off or damaged)."""
     if line.startswith("{"):
         try:
             record = json.loads(line)
+        except json.JSONDecodeError:
+            return None
+        try:
             return [
                 (k, int(record["step"]), float(v)) for k, v in record["data"].items() if isinstance(v, (int, float))
             ]
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, AttributeError):
             return []
     match = _CONSOLE.search(line)
     if not match:

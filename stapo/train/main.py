@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import fields
 from pathlib import Path
 
@@ -26,11 +27,12 @@ class ConfigError(RuntimeError):
     """The composed config cannot run; one line per problem."""
 
 
-def validate(config: DictConfig, environment: bool = True) -> StapoConfig:
-    """All checks that can run before Ray starts: the ``stapo:`` block, the ``auto`` settings, the preflight
-    checks (with ``environment``: GPUs, data, model too), then verl's own config rules. Raises
-    :class:`ConfigError` with one line per problem."""
-    counts = preflight.count_problems(config)  # first: the checks below compute with these
+def validate(config: DictConfig, environment: bool = True, overrides: Sequence[str] = ()) -> StapoConfig:
+    """All checks that can run before Ray starts: verl's numeric keys and the ``+KEY`` ``overrides`` that look like
+    typos, the ``stapo:`` block, the ``auto`` settings, the preflight checks (with ``environment``: GPUs, data, model
+    too), then verl's own config rules. Raises :class:`ConfigError` with one line per problem."""
+    counts = preflight.count_problems(config) + preflight.added_key_problems(config, overrides)  # first: the checks
+    # below compute with these
     if counts:
         raise ConfigError("\n".join(counts))
     try:
@@ -72,12 +74,29 @@ def forward_env(config: DictConfig) -> None:
 
 
 def run(config: DictConfig) -> None:
-    validate(config)
+    from hydra.core.hydra_config import HydraConfig
+
+    validate(config, overrides=HydraConfig.get().overrides.task)
     forward_env(config)
     preflight.check_installed()
     from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
 
     run_ppo(config, task_runner_class=TaskRunnerV1)
+
+
+def method_settings() -> str:
+    """What each method's config file sets in the ``stapo:`` block over base.yaml's values, wrapped to the terminal's
+    usual width (``--help``)."""
+    import textwrap
+
+    import yaml
+
+    shown = []
+    for method in methods():
+        block = (yaml.safe_load((CONFIG_DIR / f"{method}.yaml").read_text(encoding="utf-8")) or {}).get("stapo") or {}
+        values = " ".join(f"stapo.{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in block.items())
+        shown.append(f"{method}: {values or '-'}")
+    return textwrap.fill("Each METHOD sets: " + " | ".join(shown), 118, subsequent_indent="  ")
 
 
 def usage() -> str:
@@ -91,7 +110,7 @@ def usage() -> str:
         "       bash scripts/train.sh METHOD SIZE [KEY=VALUE ...]\n\n"
         f"METHOD: {' | '.join(methods())}   SIZE: {' | '.join(sizes())} (default qwen3_1.7b)\n"
         f"Configs: {CONFIG_DIR} (base.yaml, one file per method, size/*.yaml)\n\n"
-        f"The stapo block (defaults; README 'The stapo: block'):\n{knobs}\n\n"
+        f"The stapo block (base.yaml's values; README 'The stapo: block'):\n{knobs}\n{method_settings()}\n\n"
         "Any key of verl's ppo_trainer config can be overridden, e.g. trainer.n_gpus_per_node=4 data.train_files=F.\n"
         "Print the composed config without running: python -m stapo.train --config-name stapo --cfg job"
     )
@@ -141,9 +160,38 @@ def check_names(argv: list[str]) -> None:
             raise SystemExit(2)
 
 
+def parse_problem(argv: Sequence[str]) -> str | None:
+    """The first override of ``argv`` that Hydra's grammar cannot parse (a path with a space, ``ü``, a stray quote),
+    as one line that shows it quoted; Hydra would answer with a ``LexerNoViableAltException`` and no hint."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    parser = OverridesParser.create()
+    for i, arg in enumerate(argv):
+        if arg.startswith("-") or (i and argv[i - 1] in ("--config-name", "-cn", "--config-path", "-cp")):
+            continue
+        try:
+            parser.parse_overrides([arg])
+        except OverrideParseException:
+            split = "=" not in arg and i > 0 and "=" in argv[i - 1]  # a value the shell split at a space
+            whole = f"{argv[i - 1]} {arg}" if split else arg
+            key, _, value = whole.partition("=")
+            reason = (
+                "split at a space by the shell"
+                if split
+                else "Hydra cannot parse it (a space, a non-ASCII letter or a quote in a value needs quoting)"
+            )
+            return f"{whole}: {reason}; quote the value: '{key}=\"{value}\"' (single quotes around it all)"
+    return None
+
+
 def main() -> None:
     if any(arg in ("-h", "--help") for arg in sys.argv[1:]):
         print(usage())
         return
+    problem = parse_problem(sys.argv[1:])
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        raise SystemExit(2)
     check_names(sys.argv[1:])
     _hydra_main()

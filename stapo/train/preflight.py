@@ -15,13 +15,16 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Iterator, Sequence
+from functools import cache
+from importlib import resources
 from importlib.metadata import entry_points
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from stapo.config import SEEDED_AGENT_LOOP, TRAINER_MODE, TRAINER_MODES, StapoConfig, StapoConfigError
-from stapo.tools.io import DataFileError, model_folder_problems, parquet_columns
+from stapo.tools.io import DataFileError, first_line, model_folder_problems, output_problem
 from stapo.train import attention
 
 PLUGIN_ENTRY_POINT = "stapo"
@@ -102,8 +105,13 @@ def resolve_auto(config: DictConfig) -> tuple[str, bool]:
 
 
 def environment_problems(config: DictConfig) -> list[str]:
-    """What in this environment would make the run fail or hang: GPUs, data files, model; one line each."""
-    return _gpu_problems(config) + _data_problems(config) + _model_problems(config) + resume_problems(config)
+    """What in this environment would make the run fail or hang: GPUs, data files, model, the checkpoint folder; one
+    line each."""
+    found = _gpu_problems(config) + _data_problems(config) + _model_problems(config)
+    folder = Path(str(config.trainer.default_local_dir)).expanduser()
+    if problem := output_problem(folder, "folder", "trainer.default_local_dir"):
+        return [*found, problem]
+    return found + resume_problems(config)
 
 
 def _gpu_problems(config: DictConfig) -> list[str]:
@@ -228,10 +236,10 @@ def cluster_gpus(address: str, timeout: float = CLUSTER_TIMEOUT_S) -> float | st
 
 
 def _data_problems(config: DictConfig) -> list[str]:
-    from stapo.tools.data import REQUIRED_COLUMNS  # here: the plugin imports this module in every Ray worker
+    from stapo.tools.data import check_verl_parquet  # here: the plugin imports this module in every Ray worker
 
     data = config.data
-    columns = [data.get("prompt_key", "prompt"), data.get("reward_fn_key", "data_source"), *REQUIRED_COLUMNS]
+    keys = {"prompt_key": data.get("prompt_key", "prompt"), "source_key": data.get("reward_fn_key", "data_source")}
     found = []
     for key, command in (("train_files", "train"), ("val_files", "eval")):
         value = data.get(key)
@@ -240,13 +248,9 @@ def _data_problems(config: DictConfig) -> list[str]:
                 continue
             expected = f"a verl parquet from `python -m stapo.tools.data {command}` (or set data.{key}=PATH)"
             try:
-                names = parquet_columns(Path(name).expanduser(), expected)
+                check_verl_parquet(Path(name).expanduser(), expected, **keys)
             except DataFileError as error:
                 found.append(f"data.{key}: {error}")
-                continue
-            missing = [c for c in dict.fromkeys(columns) if c not in names]
-            if missing:
-                found.append(f"data.{key}: {name}: missing column(s) {', '.join(missing)}; expected {expected}")
     return found
 
 
@@ -268,45 +272,149 @@ def _model_problems(config: DictConfig) -> list[str]:
     return found
 
 
-COUNTS = {
-    "trainer.nnodes": "nodes",
-    "trainer.n_gpus_per_node": "GPUs a node",
-    "trainer.total_training_steps": "training steps",
-    "trainer.total_epochs": "epochs",
-    "data.train_batch_size": "prompts a step",
-    "data.max_prompt_length": "prompt tokens",
-    "data.max_response_length": "response tokens",
-    "actor_rollout_ref.rollout.n": "responses a prompt",
-    "actor_rollout_ref.rollout.tensor_model_parallel_size": "GPUs a vLLM engine",
-    "actor_rollout_ref.rollout.val_kwargs.n": "validation responses a prompt",
-    "actor_rollout_ref.actor.ppo_mini_batch_size": "prompts a PPO mini-batch",
-    "actor_rollout_ref.actor.ppo_epochs": "PPO epochs",
-    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": "tokens a micro-batch a GPU",
-    "actor_rollout_ref.actor.ulysses_sequence_parallel_size": "GPUs a sequence",
+VERL_CONFIG = "_generated_ppo_trainer.yaml"
+"""verl 0.9.1's ``ppo_trainer.yaml`` as composed (verl keeps this file of ``verl.trainer.config`` equal to it)."""
+
+_RULES = {
+    "count": (lambda v: _whole(v) and v >= 1, "a whole number of at least 1"),
+    "frequency": (lambda v: _whole(v) and v >= -1, "a whole number of steps (-1: never)"),
+    "positive": (lambda v: _number(v) and v > 0, "a number greater than 0"),
+    "share": (lambda v: _number(v) and 0 < v <= 1, "a fraction in (0, 1]"),
+    "fraction": (lambda v: _number(v) and 0 <= v <= 1, "a fraction in [0, 1]"),
 }
-"""Keys the preflight and verl compute with, each a whole number of at least 1 (what it counts)."""
-FREQUENCIES = ("trainer.save_freq", "trainer.test_freq")
-"""Keys that are whole numbers of steps (0 or -1: never)."""
+"""Rule -> (whether a value fits, what it must be)."""
+RANGES = {
+    "trainer.nnodes": ("count", "nodes"),
+    "trainer.n_gpus_per_node": ("count", "GPUs a node"),
+    "trainer.total_training_steps": ("count", "training steps; null: from total_epochs"),
+    "trainer.total_epochs": ("count", "epochs"),
+    "trainer.save_freq": ("frequency", "steps between checkpoints"),
+    "trainer.test_freq": ("frequency", "steps between validations"),
+    "data.train_batch_size": ("count", "prompts a step"),
+    "data.max_prompt_length": ("count", "prompt tokens"),
+    "data.max_response_length": ("count", "response tokens"),
+    "actor_rollout_ref.rollout.n": ("count", "responses a prompt"),
+    "actor_rollout_ref.rollout.tensor_model_parallel_size": ("count", "GPUs a vLLM engine"),
+    "actor_rollout_ref.rollout.gpu_memory_utilization": ("share", "of each GPU's memory that vLLM takes"),
+    "actor_rollout_ref.rollout.val_kwargs.n": ("count", "validation responses a prompt"),
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": ("count", "sequences a log-prob micro-batch"),
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": ("count", "sequences a log-prob micro-batch"),
+    "actor_rollout_ref.actor.optim.lr": ("positive", "the actor's learning rate"),
+    "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio": ("fraction", "of the steps spent warming up"),
+    "actor_rollout_ref.actor.optim.min_lr_ratio": ("fraction", "of the learning rate kept at the end"),
+    "critic.optim.lr": ("positive", "the critic's learning rate"),
+    "actor_rollout_ref.actor.ppo_mini_batch_size": ("count", "prompts a PPO mini-batch"),
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": ("count", "sequences a micro-batch a GPU"),
+    "actor_rollout_ref.actor.ppo_epochs": ("count", "PPO epochs"),
+    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": ("count", "tokens a micro-batch a GPU"),
+    "actor_rollout_ref.actor.ulysses_sequence_parallel_size": ("count", "GPUs a sequence"),
+}
+"""verl's keys that a run depends on, each with its rule (:data:`_RULES`) and what it counts or means."""
+OPTIONAL = {
+    "trainer.total_training_steps",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
+}
+"""Keys of :data:`RANGES` that may be null (verl derives or does without them)."""
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value  # NaN is no number
+
+
+def _whole(value: object) -> bool:
+    return _number(value) and isinstance(value, int)
+
+
+def _leaves(node: DictConfig, prefix: str = "") -> Iterator[tuple[str, object]]:
+    """(dotted key, node) of every key under ``node``, sub-configs included, without resolving interpolations."""
+    for key in node.keys():
+        child = node._get_node(key)
+        yield f"{prefix}{key}", child
+        if isinstance(child, DictConfig) and not child._is_none() and not child._is_interpolation():
+            yield from _leaves(child, f"{prefix}{key}.")
+
+
+@cache
+def verl_numbers() -> dict[str, int | float]:
+    """verl's numeric keys and their defaults: the int and float leaves of its composed trainer config
+    (:data:`VERL_CONFIG`); a key verl adds later is checked without a change here."""
+    config = OmegaConf.create(resources.files("verl.trainer.config").joinpath(VERL_CONFIG).read_text())
+    return {
+        key: node._value()
+        for key, node in _leaves(config)
+        if not isinstance(node, DictConfig) and not node._is_interpolation() and _number(node._value())
+    }
 
 
 def count_problems(config: DictConfig) -> list[str]:
-    """The :data:`COUNTS` and :data:`FREQUENCIES` keys that are not whole numbers in range, and training files that
-    name nothing; one line each, before anything computes with them (a string GPU count stopped the GPU check with a
-    ``TypeError``, 1.5 GPUs passed it)."""
+    """verl's numeric keys (:func:`verl_numbers`) that are not numbers, the :data:`RANGES` keys out of range, training
+    files that name nothing, then mini-batches that do not divide the batch (:func:`batch_problems`); one line each,
+    before anything computes with them (a string GPU count stopped the GPU check with a ``TypeError``, 1.5 GPUs
+    passed it, ``lr=abc`` passed)."""
     found = []
-    for key in (*COUNTS, *FREQUENCIES):
-        value = OmegaConf.select(config, key)
-        if value is None and key == "trainer.total_training_steps":  # verl: derived from total_epochs
+    for key, default in verl_numbers().items():
+        try:
+            value = OmegaConf.select(config, key)
+        except Exception as error:  # noqa: BLE001 - OmegaConf raises several kinds for a broken interpolation
+            found.append(f"{key}: cannot be resolved ({first_line(error)}); fix the value")
             continue
-        whole = isinstance(value, int) and not isinstance(value, bool)
-        if key in COUNTS and not (whole and value >= 1):
-            found.append(f"{key}={value}: must be a whole number of at least 1 ({COUNTS[key]})")
-        elif key in FREQUENCIES and not whole:
-            found.append(f"{key}={value}: must be a whole number of steps (-1: never)")
+        if key not in RANGES and value is not None and not _number(value):
+            found.append(f"{key}={value}: must be a number (verl's default: {default})")
+    for key, (rule, meaning) in RANGES.items():
+        value = OmegaConf.select(config, key)
+        fits, wanted = _RULES[rule]
+        if not fits(value) and not (value is None and key in OPTIONAL):
+            found.append(f"{key}={value}: must be {wanted} ({meaning})")
     files = config.data.get("train_files")
     if not files or (not isinstance(files, str) and not all(isinstance(f, str) and f for f in files)):
         found.append(f"data.train_files={files}: name one parquet file or a list of them")
+    return found or batch_problems(config)
+
+
+def batch_problems(config: DictConfig) -> list[str]:
+    """Mini-batches that do not divide the batch, or whose responses do not divide evenly over the data-parallel
+    GPUs (verl splits them there, and asserts only once the workers have started); one line each."""
+    actor, batch = config.actor_rollout_ref.actor, config.data.train_batch_size
+    mini, n = actor.ppo_mini_batch_size, config.actor_rollout_ref.rollout.n
+    ranks = config.trainer.n_gpus_per_node * config.trainer.nnodes // actor.ulysses_sequence_parallel_size
+    if batch % mini:
+        return [
+            f"actor_rollout_ref.actor.ppo_mini_batch_size={mini}: must divide data.train_batch_size={batch} (each "
+            "step trains on whole mini-batches); set it to a divisor"
+        ]
+    if ranks and (mini * n) % ranks:
+        return [
+            f"actor_rollout_ref.actor.ppo_mini_batch_size={mini} x actor_rollout_ref.rollout.n={n}: the mini-batch's "
+            f"{mini * n} responses do not split evenly over {ranks} data-parallel GPUs (trainer.n_gpus_per_node x "
+            "nnodes / ulysses_sequence_parallel_size); change one of them"
+        ]
+    return []
+
+
+def added_key_problems(config: DictConfig, overrides: Sequence[str]) -> list[str]:
+    """``+KEY=VALUE`` overrides (Hydra: add a key) whose KEY the config does not otherwise have while a key it has is
+    one edit away: a typo that verl would silently ignore; one line each, naming the likely key."""
+    added = [o.lstrip("+").partition("=")[0] for o in overrides if o.startswith("+")]
+    known = {key for key, _ in _leaves(config)} - set(added)
+    found = []
+    for key in added:
+        close = sorted(k for k in known if _one_edit(k, key))
+        if close:
+            found.append(
+                f"+{key}: no such key in verl's config; did you mean {close[0]}? (set it without the +: "
+                f"{close[0]}=VALUE)"
+            )
     return found
+
+
+def _one_edit(a: str, b: str) -> bool:
+    """Whether ``a`` and ``b`` differ by exactly one inserted, deleted or replaced character."""
+    if a == b or abs(len(a) - len(b)) > 1:
+        return False
+    start = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    return a[start + 1 :] == b[start + 1 :] or a[start + 1 :] == b[start:] or a[start:] == b[start + 1 :]
 
 
 DETERMINISM = (
