@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from verl.utils.tracking import FileLogger
 
-from stapo.quickstart import decisive as dv
 from stapo.quickstart import experiment as ex
+from stapo.tools import decisive as dv
 
 
 def rewards(peak: float, last: float) -> dict[int, float]:

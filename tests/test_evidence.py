@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from stapo.quickstart.decisive import VERDICT, report
 from stapo.tools import evidence
+from stapo.tools.decisive import VERDICT, report
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -69,7 +69,7 @@ def test_launch_runs_each_run_in_a_cluster_of_its_own(tmp_path, monkeypatch, for
     one GPU declared to Ray (``ray start --num-gpus=1``), as the experiment starts them on a GPU machine. Runs at the
     same time must not share a cluster (verl's TransferQueue) nor a Ray job id (verl's weight-transfer socket)."""
     monkeypatch.setattr(clusters, "HANDOVER_S", 2.0)
-    runs = ex.plan(["justrl", "stapo"], [0, 1])
+    runs = [ex.Run(method, seed) for seed in (0, 1) for method in ("justrl", "stapo")]  # this start order
     runs.append(ex.Run("grpo", 0))
     finished = tmp_path / "runs" / "grpo-s0"
     finished.mkdir(parents=True)

@@ -24,8 +24,8 @@ from verl.utils.tracking import FileLogger
 from stapo.config import CONFIG_DIR
 from stapo.quickstart import run as qs
 from stapo.quickstart import task
+from stapo.tools.curves import read_metrics
 from stapo.tools.data import SCHEMA, make_prompt
-from stapo.tools.report import read_metrics
 from stapo.tools.reward import compute_score
 from stapo.train.main import validate
 

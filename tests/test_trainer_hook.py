@@ -426,7 +426,7 @@ def test_the_file_loggers_earlier_steps_are_kept(tmp_path, monkeypatch, resumed)
 
     from verl.utils.tracking import FileLogger
 
-    from stapo.tools.report import read_metrics
+    from stapo.tools.curves import read_metrics
 
     path = tmp_path / "metrics.jsonl"
     monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(path))

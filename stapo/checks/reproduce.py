@@ -2,7 +2,7 @@
 
     python -m stapo.checks.reproduce compare RUN_A RUN_B [--steps 4-6] [--out TABLE.md]
 
-``RUN_A`` and ``RUN_B`` are what :func:`stapo.tools.report.read_metrics` reads (verl's file-logger JSONL with the
+``RUN_A`` and ``RUN_B`` are what :func:`stapo.tools.curves.read_metrics` reads (verl's file-logger JSONL with the
 segments a resumed run set aside, a console log, or a TensorBoard folder): the same command twice with
 ``determinism=full``, or a run against the same run killed after a checkpoint and resumed (``--steps`` then names the
 steps after the checkpoint). For each of :data:`KEYS` the table shows both values at every step both logged and the
@@ -18,8 +18,8 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
+from stapo.tools.curves import ReportError, read_metrics
 from stapo.tools.io import output_problem, write_atomic
-from stapo.tools.report import ReportError, read_metrics
 
 KEYS = (
     "critic/score/mean",

@@ -54,7 +54,7 @@ def build_on_gpu(shape: str, tokenizer: Path, out: Path) -> Path:
 
 def summary(paths: list[Path]) -> str:
     """A Markdown table, one row per step of each run."""
-    from stapo.tools.report import read_metrics
+    from stapo.tools.curves import read_metrics
 
     lines = ["| run | step | " + " | ".join(h for h, _, _ in COLUMNS) + " |", "|---" * (len(COLUMNS) + 2) + "|"]
     for path in paths:
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> None:
             parser.exit(2, "".join(f"error: {p}\n" for p in problems))
         print(build(args.shape, args.tokenizer, args.out, args.device))
         return
-    from stapo.tools.report import ReportError
+    from stapo.tools.curves import ReportError
 
     try:
         print(summary(args.metrics))

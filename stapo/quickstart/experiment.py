@@ -24,7 +24,7 @@ standard deviation over seeds of the validation accuracy before and after traini
 entropy, the response length, the silenced share and the gradient-norm bound of the tokens S2T flags; then the
 differences between methods paired by seed, :func:`paired_rows`) and, with
 matplotlib, the curves of each method as the mean over seeds with a min-max band
-(:func:`stapo.tools.report.plot_runs`). docs/experiments.md reports a run.
+(:func:`stapo.tools.curves.plot_runs`). docs/experiments.md reports a run.
 """
 
 from __future__ import annotations
@@ -58,9 +58,9 @@ from stapo.quickstart.run import (
 )
 from stapo.quickstart.task import task_paths
 from stapo.quickstart.tiny import replace_overrides
+from stapo.tools.curves import VALIDATION, ReportError, band, mean_over, plot_runs, read_runs, rows_markdown
 from stapo.tools.inspect_tokens import group_advantages
 from stapo.tools.io import follow_umask, hold_folder, model_folder_problems, output_problem, write_atomic
-from stapo.tools.report import VALIDATION, ReportError, band, plot_runs, read_metrics
 from stapo.train.clusters import launch
 from stapo.train.preflight import local_cluster_problems
 
@@ -179,26 +179,6 @@ def run_overrides(run: Run, warm: Path, paths: dict[str, Path], args: argparse.N
 
 
 # ---------------------------------------------------------------------------------------------------- summary
-def read_runs(folder: Path) -> dict[str, dict[int, dict[str, dict[int, float]]]]:
-    """``method -> {seed -> metrics}`` of the runs under ``folder/runs`` that logged anything."""
-    runs: dict[str, dict[int, dict[str, dict[int, float]]]] = {}
-    logs = [*(folder / "runs").glob("*-s*/metrics.jsonl"), *(folder / "runs").glob("*-s*/metrics.jsonl.gz")]
-    for log in sorted(logs):  # gzipped: a run's record in evidence/
-        method, _, seed = log.parent.name.rpartition("-s")
-        try:
-            metrics = read_metrics(log)
-        except ReportError as error:
-            print(f"skipped: {error}")
-            continue
-        if "critic/score/mean" in metrics:
-            runs.setdefault(method, {})[int(seed)] = metrics
-        else:
-            print(f"skipped: {log} has no training step yet")
-    if not runs:
-        raise SystemExit(f"error: no metrics under {folder / 'runs'}; run `python -m stapo.quickstart.experiment run`")
-    return runs
-
-
 def _mean_sd(values: Sequence[float]) -> str:
     """``mean ± sd`` over seeds (sd: sample standard deviation), or ``mean`` for one value, or ``-``."""
     values = [v for v in values if not math.isnan(v)]
@@ -207,12 +187,6 @@ def _mean_sd(values: Sequence[float]) -> str:
     if len(values) == 1:
         return f"{values[0]:.4g}"
     return f"{statistics.fmean(values):.4g} ± {statistics.stdev(values):.2g}"
-
-
-def _mean_over(series: dict[int, float], steps: range) -> float:
-    """Mean of a metric over the ``steps`` it logged a number at (NaN if none)."""
-    values = [series[s] for s in steps if s in series and not math.isnan(series[s])]
-    return statistics.fmean(values) if values else math.nan
 
 
 STATE = (
@@ -272,9 +246,9 @@ def summary_rows(runs: Runs) -> list[dict[str, str]]:
         for step in sorted({*val_steps[:1], *val_steps[-1:]}):
             row[f"val acc % @ {step}"] = _mean_sd([100 * m[val_key][step] for m in group])
         for label, key, scale in STATE:
-            row[f"{label} @ {last.start}-{end}"] = _mean_sd([scale * _mean_over(m.get(key, {}), last) for m in group])
+            row[f"{label} @ {last.start}-{end}"] = _mean_sd([scale * mean_over(m.get(key, {}), last) for m in group])
         for label, key, scale in EVENTS:
-            row[f"{label} @ 1-{end}"] = _mean_sd([scale * _mean_over(m.get(key, {}), whole) for m in group])
+            row[f"{label} @ 1-{end}"] = _mean_sd([scale * mean_over(m.get(key, {}), whole) for m in group])
         row[f"candidate / other bound @ 1-{end}"] = _mean_sd([_bound_ratio(m, whole) for m in group])
         rows.append(row)
     return rows
@@ -316,7 +290,7 @@ def paired_rows(runs: Runs) -> list[dict[str, str]]:
                 )
             for label, key in PAIRED:
                 row[f"{label} @ {last.start}-{last.stop - 1}"] = _paired_cell(
-                    [_mean_over(b.get(key, {}), last) - _mean_over(a.get(key, {}), last) for b, a in pair]
+                    [mean_over(b.get(key, {}), last) - mean_over(a.get(key, {}), last) for b, a in pair]
                 )
             rows.append(row)
     return rows
@@ -377,14 +351,6 @@ def stability_rows(runs: Runs) -> list[dict[str, str]]:
     return rows
 
 
-def to_markdown(rows: Sequence[dict[str, str]]) -> str:
-    """The rows as a Markdown table."""
-    columns = list(rows[0])
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(row.get(c, "-") for c in columns) + " |" for row in rows]
-    return "\n".join(lines) + "\n"
-
-
 PAIRED_NOTE = (
     "Differences between methods are taken seed by seed and need two or more seeds that every method ran (e.g. "
     "`--seeds 0 1 2`): one seed cannot separate a method from the noise of its sampling."
@@ -397,13 +363,13 @@ def summarize(folder: Path, plots: Path | None) -> str:
     per method, then the differences paired by seed (or :data:`PAIRED_NOTE` where no pair shares two seeds)."""
     runs = read_runs(folder)
     pairs = paired_rows(runs)
-    table = to_markdown(summary_rows(runs))
+    table = rows_markdown(summary_rows(runs))
     if any("," in row["seeds"] for row in pairs):
-        table += "\n" + to_markdown(pairs)
+        table += "\n" + rows_markdown(pairs)
     elif pairs:  # a table of dashes would look like a failure (the quickstart runs one seed)
         table += f"\n{PAIRED_NOTE}\n"
     write_atomic(folder / "summary.md", table)
-    write_atomic(folder / "stability.md", to_markdown(stability_rows(runs)))
+    write_atomic(folder / "stability.md", rows_markdown(stability_rows(runs)))
     if plots is not None:
         try:
             written, _ = plot_runs({m: list(seeds.values()) for m, seeds in runs.items()}, plots)
@@ -721,7 +687,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Command-line entry point (``python -m stapo.quickstart.experiment``)."""
     args = build_parser().parse_args(argv)
     if args.command == "decisive":
-        from stapo.quickstart.decisive import report
+        from stapo.tools.decisive import report
 
         tables, verdict = report(args.folders)
         print(tables + "\n" + verdict)

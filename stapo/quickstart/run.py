@@ -36,10 +36,10 @@ import torch
 from stapo.config import StapoConfig, StapoConfigError
 from stapo.quickstart import task
 from stapo.quickstart.tiny import replace_overrides, tiny_run_overrides
+from stapo.tools.curves import ReportError, plot_s2t, read_metrics
 from stapo.tools.data import make_prompt, write_parquet
 from stapo.tools.inspect_tokens import Rollout, format_token, grpo_advantages, mask_batch, silenced_records, token_stats
 from stapo.tools.io import follow_umask, hold_folder, output_problem, write_atomic
-from stapo.tools.report import ReportError, plot_s2t, read_metrics
 from stapo.tools.reward import compute_score
 
 DEMO_TAU_P = 0.1
@@ -192,7 +192,7 @@ def mask_demo(model, tokenizer, problems, responses, scores, tau_p: float = DEMO
 def run_cpu(args: argparse.Namespace, model, tokenizer, problems, responses, scores) -> None:
     """The mask demonstration on the warmed-up model's validation rollouts: a table of counts, the first silenced
     tokens in the paper's appendix form, every one in ``OUT/s2t_tokens.jsonl``, and two pictures
-    (:func:`stapo.tools.report.plot_s2t`)."""
+    (:func:`stapo.tools.curves.plot_s2t`)."""
     rollouts, stats, batch = mask_demo(model, tokenizer, problems, responses, scores, args.tau_p, args.q)
     counts, tokens = batch.stats, silenced_records(rollouts, stats, batch, tokenizer)
     mixed = sum(0 < sum(row) < len(row) for row in scores)
@@ -266,7 +266,7 @@ def call(cmd: list, log: Path, **env: str) -> None:
 
 def s2t_totals(metrics: dict[str, dict[int, float]]) -> tuple[int, float, float]:
     """(steps, candidate tokens, masked tokens) summed over the steps of a run's metrics
-    (``stapo.tools.report.read_metrics`` output) that logged the S2T counts."""
+    (``stapo.tools.curves.read_metrics`` output) that logged the S2T counts."""
     candidates, masked = (metrics.get(f"stapo/{k}_tokens", {}) for k in ("candidate", "masked"))
     return len(candidates), sum(candidates.values()), sum(masked.values())
 

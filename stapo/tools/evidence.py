@@ -31,6 +31,8 @@ from collections.abc import Callable, Sequence
 from importlib import metadata
 from pathlib import Path
 
+from stapo.tools.curves import band, figure_data, plot_runs, read_metrics, read_runs
+from stapo.tools.decisive import report as decisive_report
 from stapo.tools.io import write_atomic
 
 LOG_TAIL = 200
@@ -128,10 +130,8 @@ def card_block(root: Path, name: str) -> str:
 
 
 def decisive_block(root: Path, *names: str) -> str:
-    """The decisive test's table and verdict line (:func:`stapo.quickstart.decisive.report`)."""
-    from stapo.quickstart.decisive import report
-
-    tables, verdict = report([root / RECORDS / name for name in names])
+    """The decisive test's table and verdict line (:func:`stapo.tools.decisive.report`)."""
+    tables, verdict = decisive_report([root / RECORDS / name for name in names])
     return f"{tables}\n**{verdict}**\n"
 
 
@@ -167,9 +167,6 @@ def smoke_block(root: Path, name: str) -> str:
 def record_runs(folder: Path) -> dict[str, list[dict[str, dict[int, float]]]]:
     """``label -> [metrics of each run]`` of a record: an experiment's runs grouped by method (``runs/METHOD-sSEED``),
     or one run per folder holding ``metrics.jsonl.gz``."""
-    from stapo.quickstart.experiment import read_runs
-    from stapo.tools.report import read_metrics
-
     if (folder / "runs").is_dir():
         return {method: [seeds[s] for s in sorted(seeds)] for method, seeds in read_runs(folder).items()}
     logs = sorted(folder.glob("*/metrics.jsonl.gz"))
@@ -178,10 +175,8 @@ def record_runs(folder: Path) -> dict[str, list[dict[str, dict[int, float]]]]:
 
 def curves_block(root: Path, name: str, *figures: str, check: bool = False) -> tuple[str, list[str]]:
     """Links to the record's figures (``docs/evidence/img/NAME/FIG.png``, mean over seeds with a min-max band,
-    :func:`stapo.tools.report.plot_runs`) and the figures that differ from their data (drawn again unless
+    :func:`stapo.tools.curves.plot_runs`) and the figures that differ from their data (drawn again unless
     ``check``)."""
-    from stapo.tools.report import band, figure_data, plot_runs
-
     runs = record_runs(root / RECORDS / name)
     data = figure_data(runs)
     unknown = [f for f in figures if f not in data]

@@ -26,7 +26,7 @@ mode: the weights the batch is trained from; verl's bypass mode has no old-polic
 The driver's own cost is timed every step: ``timing_s/stapo_mask`` and ``timing_s/stapo_restore``. After a resume,
 the restored dataloader must stand where the checkpoint's step left it (:func:`resume_position_problem`), and the
 file logger's earlier steps are kept: verl's ``FileLogger`` truncates its file when a run starts, so an existing one
-is set aside first, as ``<stem>.<k>.jsonl`` when the run resumes (``stapo.tools.report.read_metrics`` reads the parts
+is set aside first, as ``<stem>.<k>.jsonl`` when the run resumes (``stapo.tools.curves.read_metrics`` reads the parts
 as one run) and as ``<stem>.previous-<k>.jsonl`` when it starts afresh. With ``determinism=full`` each batch is
 trained in the order its prompts were submitted (:func:`submission_order`), not in the order its rollouts finished.
 """

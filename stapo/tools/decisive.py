@@ -5,7 +5,8 @@ Each run's primary endpoint is ρ = (mean training reward of steps 16-20) / (its
 consecutive steps); a run has **collapsed** when ρ ≤ 0.5 and that drop (peak minus last) is at least 0.03
 (:func:`endpoint`). A round is two seeds of three arms (JustRL, STAPO, the random-mask control), read by
 :func:`round_reading`; after two rounds the four seeds are tested paired by seed (:func:`final_reading`).
-``python -m stapo.quickstart.experiment decisive ROUND1 [ROUND2]`` prints the table and the verdict line.
+``python -m stapo.quickstart.experiment decisive ROUND1 [ROUND2]`` prints the table and the verdict line, and the
+evidence page (docs/evidence/decisive.md) shows them (:mod:`stapo.tools.evidence`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from stapo.tools.curves import VALIDATION, mean_over, read_runs, rows_markdown
 
 ARMS = ("justrl", "stapo", "stapo_random")
 """The three arms: the baseline that breaks down, the method, and the control that silences as many candidates at
@@ -194,9 +197,6 @@ SECONDARY = (
 def report(folders: Sequence) -> tuple[str, str]:
     """(the Markdown tables, the verdict line) of the rounds under ``folders`` (each an experiment folder with
     ``runs/ARM-sSEED/metrics.jsonl[.gz]``, as ``experiment run`` writes it and evidence/ keeps it)."""
-    from stapo.quickstart.experiment import _mean_over, read_runs, to_markdown
-    from stapo.tools.report import VALIDATION
-
     rounds, rows, short = [], [], []
     for number, folder in enumerate(folders, 1):
         runs = read_runs(folder)
@@ -216,12 +216,12 @@ def report(folders: Sequence) -> tuple[str, str]:
                 row |= {"peak 5-step reward": f"{e.peak:.3f}", "reward 16-20": f"{e.last:.3f}", "ρ": f"{e.rho:.3f}"}
                 row["collapsed"] = "yes" if e.collapsed else "no"
                 for label, key, scale in SECONDARY:
-                    row[label] = f"{scale * _mean_over(metrics.get(key, {}), LAST):.3g}"
+                    row[label] = f"{scale * mean_over(metrics.get(key, {}), LAST):.3g}"
                 val = next((metrics[k] for k in sorted(metrics) if VALIDATION.fullmatch(k)), {})
                 row["val acc % @ 20"] = f"{100 * val[STEPS]:.1f}" if STEPS in val else "-"
                 rows.append(row)
         rounds.append(rnd)
-    tables = to_markdown(rows)
+    tables = rows_markdown(rows)
     if short:
         return tables + "\n" + "\n".join(short) + "\n", VERDICT + READINGS["no_verdict"]
     key = reading(rounds)
@@ -237,5 +237,5 @@ def report(folders: Sequence) -> tuple[str, str]:
             }
             for c in contrasts(rounds)
         ]
-        tables += "\n" + to_markdown(cells)
+        tables += "\n" + rows_markdown(cells)
     return tables, VERDICT + READINGS[key]
