@@ -19,10 +19,11 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 
 
 def commands() -> list[list[str]]:
-    """The README's shell lines that run the recipe, split as the shell would (comments dropped, $STAPO_DATA set)."""
+    """The README's shell lines that run the recipe, split as the shell would (continuations joined, comments dropped,
+    $STAPO_DATA set)."""
     found = []
     for block in re.findall(r"```bash\n(.*?)```", README.read_text(), re.S):
-        for line in block.splitlines():
+        for line in block.replace("\\\n", " ").splitlines():  # a line continued with a backslash is one command
             words = shlex.split(line.replace("$STAPO_DATA", "/data/stapo"), comments=True)
             while words and re.fullmatch(r"[A-Z_]+=\S*", words[0]):  # RAY_ADDRESS=... bash ...
                 words = words[1:]
