@@ -1,7 +1,7 @@
 """Every command the README prints is accepted as printed: each ``python -m stapo.*`` line by its own argument parser
 (the real one, stopped right after parsing), each ``scripts/train.sh`` line by the recipe's config (composed with its
 overrides and checked by the trainer's checks, without GPUs or files), each launcher line's method and size by the
-config folder. The commands themselves ran on a GPU as docs/journey.md records; what they do is tested elsewhere."""
+config folder. What the commands do is tested elsewhere; the GPU runs with records are in docs/evidence/."""
 
 import argparse
 import importlib
