@@ -1,5 +1,5 @@
 """The cost model (stapo/tools/cost.py): fitted to the measured steps of docs/scale.md it reproduces them, it moves
-the way the hardware does, and its command prints the table of docs/scale.md section 9."""
+the way the hardware does, and its command prints the table of docs/scale.md."""
 
 import argparse
 
@@ -46,7 +46,7 @@ def test_the_model_moves_as_the_hardware_does():
 
 
 def test_the_trainer_modes_overlap_as_verl_runs_them():
-    """mode_seconds (docs/async.md): sync is the plain step; colocate_async generates two batches at once, which
+    """mode_seconds (docs/trainer-modes.md): sync is the plain step; colocate_async generates two batches at once, which
     saves where decoding is latency-bound and less where the KV cache is full; separate_async takes the longer of
     generation and training on the split that is fastest; each is within 10 % of the step measured beside sync on one
     host."""

@@ -534,7 +534,7 @@ def test_a_prepared_model_and_task_replace_the_tiny_warm_up(tmp_path, monkeypatc
 
 
 def test_the_stability_gate_calls_an_explosion_unstable_and_a_collapse_stable(tmp_path, monkeypatch):
-    """The pre-registered gate (docs/experiments.md section 10) on constructed runs of 40 steps: an entropy that falls
+    """The pre-registered gate (docs/history.md, section 10) on constructed runs of 40 steps: an entropy that falls
     to 0.2 and rises back to 0.5 passes it (R = 0.3 >= 0.05 and >= half of 0.2); one that falls monotonically, as every
     SmolLM2 run did, does not; five gradient-norm spikes, or a reward 0.2 below its best window, pass it too."""
     steps = range(1, 41)
@@ -559,7 +559,7 @@ def test_the_stability_gate_calls_an_explosion_unstable_and_a_collapse_stable(tm
 
 
 def test_the_ladder_is_a_grid_of_learning_rates_and_temperatures(tmp_path):
-    """``--lrs`` and ``--temperatures`` (docs/experiments.md section 10's ladder): every method and seed in every
+    """``--lrs`` and ``--temperatures`` (the ladder of docs/history.md, section 10): every method and seed in every
     cell, seed-major, each cell's settings in its runs' overrides and name; an override of a gridded key is refused."""
     runs = ex.plan(["justrl"], [0, 1], lrs=[1e-5, 3e-5], temperatures=[1.0, 1.2])
     assert [r.name for r in runs[:4]] == ["justrl_lr1e-05_T1-s0", "justrl_lr1e-05_T1.2-s0", "justrl_lr3e-05_T1-s0",

@@ -1,7 +1,7 @@
 """Every command the README prints is accepted as printed: each ``python -m stapo.*`` line by its own argument parser
 (the real one, stopped right after parsing), each ``scripts/train.sh`` line by the recipe's config (composed with its
 overrides and checked by the trainer's checks, without GPUs or files), each launcher line's method and size by the
-config folder. The commands themselves ran on a GPU as docs/journey.md records; what they do is tested elsewhere."""
+config folder. What the commands do is tested elsewhere; the GPU runs with records are in docs/evidence/."""
 
 import argparse
 import importlib
@@ -19,10 +19,11 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 
 
 def commands() -> list[list[str]]:
-    """The README's shell lines that run the recipe, split as the shell would (comments dropped, $STAPO_DATA set)."""
+    """The README's shell lines that run the recipe, split as the shell would (continuations joined, comments dropped,
+    $STAPO_DATA set)."""
     found = []
     for block in re.findall(r"```bash\n(.*?)```", README.read_text(), re.S):
-        for line in block.splitlines():
+        for line in block.replace("\\\n", " ").splitlines():  # a line continued with a backslash is one command
             words = shlex.split(line.replace("$STAPO_DATA", "/data/stapo"), comments=True)
             while words and re.fullmatch(r"[A-Z_]+=\S*", words[0]):  # RAY_ADDRESS=... bash ...
                 words = words[1:]

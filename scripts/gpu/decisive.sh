@@ -22,7 +22,7 @@ if [ $# -eq 4 ]; then
 fi
 PY=${STAPO_PYTHON:-python}
 warm="$out/smollm2-warm/step-300" task="$out/tasks/mixed"
-if [ ! -f "$warm/config.json" ]; then  # the ladder's model, task and warm-up (docs/experiments.md section 10)
+if [ ! -f "$warm/config.json" ]; then  # the ladder's model, task and warm-up (docs/history.md, section 10)
   $PY -m stapo.tools.pretrained --out "$out/smollm2/raw" "${src[@]}"
   $PY -m stapo.quickstart.task word --difficulty 2 3 4 --out "$task" --train 5000 --val 200
   $PY -m stapo.quickstart.warmup --model "$out/smollm2/raw" --out "$out/smollm2-warm" --steps 300 \

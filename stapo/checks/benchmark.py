@@ -1,4 +1,4 @@
-"""What do STAPO and the actor cost? Three measurements (not tests; docs/performance.md and docs/scale.md have the
+"""What do STAPO and the actor cost? Three measurements (not tests; docs/history.md has the
 results):
 
 python -m stapo.checks.benchmark mask [--responses 2048 --length 15360]
@@ -739,7 +739,7 @@ def main(argv: list[str] | None = None) -> None:
         "--variants",
         choices=("all", "recipe"),
         default="all",
-        help="all: the table of docs/scale.md section 1 and the float32-entropy cost; recipe: only "
+        help="all: the table of docs/history.md and the float32-entropy cost; recipe: only "
         "the recipe's path (torch_varlen, fused), for each --checkpointing and --tokens",
     )
     actor.add_argument(

@@ -61,10 +61,10 @@ BATCH_KEYS = ("data.train_batch_size", "actor_rollout_ref.actor.ppo_mini_batch_s
 
 MICRO_PER_MINI = 2  # policy_source=old: two micro-batches per mini-batch and rank, to exercise accumulation
 MIN_PROBS_CORRELATION = 0.999
-"""Check 8's floor for ``training/rollout_actor_probs_pearson_corr`` (the smokes of docs/gpu-evidence.md: 0.99997)."""
+"""Check 8's floor for ``training/rollout_actor_probs_pearson_corr`` (the smokes of docs/history.md: 0.99997)."""
 LAGGED_PROBS_CORRELATION = 0.99
 """Check 8's floor in a step with policy lag: vLLM sampled with weights older than those the actor recomputes π_old
-with (the asynchronous smokes of docs/async.md read 0.9941-0.99997 in such steps); only a gross disagreement fails."""
+with (the asynchronous smokes of docs/history.md read 0.9941-0.99997 in such steps); only a gross disagreement fails."""
 SHAPE_PROBS_CORRELATION = 0.995
 """Check 8's floor with ``--shape``: a random model of a real shape spreads its probability over 151k tokens, so the
 sampled tokens' probabilities are all near 1e-5 and bfloat16 noise weighs more in their correlation (0.9988 for the

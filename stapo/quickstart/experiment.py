@@ -126,7 +126,7 @@ def plan(
     """Every (method, seed), seed-major: the runs start in this order, so that every method has as many finished
     seeds as the others at any time, the methods reversed at every other seed (A B C, C B A: over two seeds no
     method starts earlier on average); with ``lrs`` and ``temperatures``, every cell of those too (a grid, e.g. the
-    ladder of docs/experiments.md section 10); then the first method and seed at each learning rate of
+    ladder of docs/history.md, section 10); then the first method and seed at each learning rate of
     ``sweep_lrs``."""
     cells = [(lr, t) for lr in (lrs or [None]) for t in (temperatures or [None])]
     grid = [
@@ -145,7 +145,7 @@ def run_overrides(run: Run, warm: Path, paths: dict[str, Path], args: argparse.N
     (none for 0) and the same S2T thresholds in every method (observed by the ``s2t/*`` metrics where not applied).
 
     The other settings leave the algorithm alone. A run of this tiny model is bound by per-call overheads, not by the
-    GPU (docs/experiments.md section 6), so: vLLM keeps its weights and KV cache between steps
+    GPU (docs/history.md, section 6), so: vLLM keeps its weights and KV cache between steps
     (``free_cache_engine=False``; verl still clears the prefix cache after each weight update), the old and reference
     log-probabilities are computed in two micro-batches, and four agent-loop workers instead of eight send the
     prompts to vLLM. vLLM is given its KV cache's size (:data:`KV_CACHE_BYTES`) instead of measuring the GPU's free
@@ -275,7 +275,7 @@ def paired_rows(runs: Runs) -> list[dict[str, str]]:
     minus the earlier, in the recipe's order) over the seeds both ran, at the steps every run reached: the validation
     accuracy at the last step all runs validated and the :data:`PAIRED` metrics over the last :data:`LAST` such steps.
     Each cell is ``mean ± sd (t)`` of the per-seed differences, with n - 1 degrees of freedom for n seeds: the
-    two-sided 5 % level is |t| ≥ 12.7, 4.30, 3.18, 2.78 for 2, 3, 4, 5 seeds (docs/experiments.md section 9.3)."""
+    two-sided 5 % level is |t| ≥ 12.7, 4.30, 3.18, 2.78 for 2, 3, 4, 5 seeds (docs/history.md, section 9.3)."""
     last, val_key, val_steps = _common_steps(runs)
     order, rows = _ordered(runs), []
     for i, first in enumerate(order):
@@ -297,7 +297,7 @@ def paired_rows(runs: Runs) -> list[dict[str, str]]:
 
 
 GATE = {"window": 10, "after": 5, "rise": 0.05, "rise_share": 0.5, "grad_norm": 2.0, "grad_steps": 5, "drop": 0.15}
-"""The gate that calls a run unstable, pre-registered in docs/experiments.md section 10 (2026-11-28) before any run of
+"""The gate that calls a run unstable, pre-registered in docs/history.md, section 10 (2026-11-28), before any run of
 the ladder: entropy rise, gradient-norm spikes or a reward drop (:func:`stability`)."""
 
 
@@ -333,7 +333,7 @@ def stability(metrics: dict[str, dict[int, float]]) -> dict[str, float | bool]:
 
 
 def stability_rows(runs: Runs) -> list[dict[str, str]]:
-    """One row per run: :func:`stability`'s numbers and verdict (docs/experiments.md section 10)."""
+    """One row per run: :func:`stability`'s numbers and verdict (docs/history.md, section 10)."""
     rows = []
     for method in _ordered(runs):
         for seed in sorted(runs[method]):
@@ -396,7 +396,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--warmup-only",
         action="store_true",
         help="stop after the warm-up, which prints and records each round's accuracy and S2T shares (to choose "
-        "--warmup-target: docs/experiments.md section 5); use another --out for the experiment itself",
+        "--warmup-target: docs/history.md, section 5); use another --out for the experiment itself",
     )
     run.add_argument(
         "--model",
@@ -611,7 +611,7 @@ def prepared_model(args: argparse.Namespace) -> Path:
 def warm_model(args: argparse.Namespace, device: str = "cuda") -> Path:
     """The warmed-up model's folder, made by :func:`stapo.quickstart.run.prepare` on ``device`` (this process's first
     visible GPU), in deterministic mode, with more rounds while below ``--warmup-target``; each round's sampled accuracy
-    and :class:`TailMass` shares are printed and recorded in ``experiment.json`` (docs/experiments.md section 5).
+    and :class:`TailMass` shares are printed and recorded in ``experiment.json`` (docs/history.md, section 5).
 
     When ``args.out`` holds an experiment (``experiment.json``), its options must be the same. Its ``warmup/`` is
     used if present; if not (the experiment's metrics and record carried to a new machine), the warm-up runs again

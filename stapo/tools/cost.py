@@ -19,13 +19,13 @@ steps in ``measured_steps.json`` (docs/scale.md):
   model's parameters, fitted per stage.
 * **other** (weight sync to vLLM, the driver, rewards): ``c0 + c1 · parameters``.
 
-verl's asynchronous trainers overlap these stages (:func:`mode_seconds`, docs/async.md): ``colocate_async`` generates
-each batch together with the next, ``separate_async`` generates on GPUs of its own while the rest train. Their steps
-measured with ``sync`` on one host a lease (``modes`` in ``measured_steps.json``) are not fitted: ``fit`` shows the
-model's step against each.
+verl's asynchronous trainers overlap these stages (:func:`mode_seconds`, docs/trainer-modes.md): ``colocate_async``
+generates each batch together with the next, ``separate_async`` generates on GPUs of its own while the rest train.
+Their steps measured with ``sync`` on one host a lease (``modes`` in ``measured_steps.json``) are not fitted: ``fit``
+shows the model's step against each.
 
 GRPO adds a reference-policy forward (as long as the old log-probs); STAPO and 20-Entropy add the driver's mask at
-paper scale (0.2 s: docs/performance.md). ``fit`` prints every measured stage next to the model's value; ``project``
+paper scale (0.2 s: docs/history.md). ``fit`` prints every measured stage next to the model's value; ``project``
 and ``table`` take the paper's settings (3,000 steps of 256 prompts × 8) with the response length growing linearly
 from ``--length-start`` to ``--length-end`` (an assumption: the paper shows its curves, not their values).
 """
@@ -52,7 +52,7 @@ GPUS = {  # datasheet: HBM bandwidth (B/s), memory (bytes), dense bf16 (FLOP/s, 
 }
 STAGES = ("generation", "old_log_prob", "update", "other")
 MASK_S = 0.2
-"""The driver's mask, fold and restore for a paper-scale batch (docs/performance.md: 49-85 ms + 156 ms)."""
+"""The driver's mask, fold and restore for a paper-scale batch (docs/history.md: 49-85 ms + 156 ms)."""
 MODES = tuple(TRAINER_MODES.values())
 """verl 0.9.1's trainer modes that the recipe's ``trainer.v1.trainer_mode`` values extend: sync first."""
 
@@ -218,7 +218,7 @@ def rollout_splits(shape: Shape, gpus_per_node: int | None = None) -> list[int]:
 
 
 def mode_seconds(fit_: Fit, shape: Shape, method: str, mode: str = "sync", rollout: int | None = None) -> dict:
-    """One step of ``method`` in verl's trainer ``mode``, as stages that add up to the step (docs/async.md):
+    """One step of ``method`` in verl's trainer ``mode``, as stages that add up to the step (docs/trainer-modes.md):
 
     * ``sync``: generation, old log-probs, update and the rest, one after another;
     * ``colocate_async``: vLLM generates each batch together with the next (verl's ``num_warmup_batches`` 1 with
@@ -360,7 +360,7 @@ def main(argv: list[str] | None = None) -> None:
     project_.add_argument("--size", choices=qwen3_sizes(), required=True)
     project_.add_argument("--nodes", type=int, default=1)
     project_.add_argument("--method", choices=methods(), default="stapo")
-    project_.add_argument("--mode", choices=MODES, default="sync", help="verl's trainer mode (docs/async.md)")
+    project_.add_argument("--mode", choices=MODES, default="sync", help="verl's trainer mode (docs/trainer-modes.md)")
     table_.add_argument("--nodes", type=int, nargs="+", default=[1, 2, 4])
     for command in (project_, table_):
         command.add_argument("--gpu", choices=sorted(GPUS), default="h100")

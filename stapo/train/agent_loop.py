@@ -4,7 +4,7 @@ every response.
 verl 0.9.1 seeds every vLLM request of a run alike when ``actor_rollout_ref.rollout.full_determinism`` is on
 (``vllm_async_server.py``, ``generate``: ``sampling_params.setdefault("seed", replica_rank + rollout.seed)``). The n
 responses of a prompt are then sampled from one prompt with one seed: they are the same response, every GRPO group
-is uniform, its advantages are zero and nothing is learned. Measured on an H200 (docs/reproducibility.md): 0 to 361
+is uniform, its advantages are zero and nothing is learned. Measured on an H200 (docs/history.md): 0 to 361
 positive-advantage tokens a step with verl's switch alone, against 4,533 to 6,789 without it. verl PR #6857 names the
 same collision for SGLang. And verl's V1 trainer (the recipe's) passes no ``priority`` to the agent loop, so under
 ``full_determinism`` every request is named ``det-0`` and routed by that name to one and the same vLLM server.

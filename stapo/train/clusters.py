@@ -45,7 +45,7 @@ def ray_head(gpu: str, log: Path) -> Iterator[tuple[str, subprocess.Popen]]:
 
     Why a cluster each: verl 0.9.1 keeps a run's rollouts in TransferQueue, whose controller is a named Ray actor
     (``TransferQueueController`` in the namespace ``transfer_queue``), so the jobs of one cluster share it and take each
-    other's rollouts (docs/experiments.md section 7)."""
+    other's rollouts (docs/history.md, section 7)."""
     from ray.util import get_node_ip_address
 
     port, client_port, dashboard_port, agent_port = free_ports(4)

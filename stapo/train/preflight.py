@@ -207,7 +207,7 @@ def cluster_gpus(address: str, timeout: float = CLUSTER_TIMEOUT_S) -> float | st
     ``ray.init`` later still applies the recipe's runtime environment); else why not, as one line: no answer, or a
     verl run already training there. verl 0.9.1 keeps a run's rollouts in TransferQueue, whose controller is a named
     actor of the cluster (:data:`TQ_CONTROLLER`): a second run would share it, and each would take the other's
-    rollouts (docs/experiments.md section 7)."""
+    rollouts (docs/history.md, section 7)."""
     name, namespace = TQ_CONTROLLER
     code = (
         "import ray, sys; ray.init(address=sys.argv[1], logging_level='ERROR', log_to_driver=False)\n"

@@ -77,7 +77,7 @@ response tokens (``stapo.top_entropy_norm: all``)."""
 POLL_INTERVAL_S = 0.2
 """How often verl's replay buffer looks in TransferQueue for the step's finished rollouts (verl 0.9.1: every 2 s, not
 configurable). At 2 s a step's generation is rounded up to a multiple of 2 s: short runs measured 2.1 or 4.1 s for
-the same work (docs/experiments.md section 6); each look is one metadata listing, cheap at paper scale too."""
+the same work (docs/history.md, section 6); each look is one metadata listing, cheap at paper scale too."""
 
 RANDOM_SEED_STRIDE = 1000
 """``stapo.silence=random`` draws mini-batch g of step s with seed 1000·s + g: reproducible, distinct per step."""
