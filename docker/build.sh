@@ -178,16 +178,20 @@ if ! image_exists $base_image; then
     # SOURCE_DATE_EPOCH: the same tarball from the same archive content (mmdebstrap(1)); the commit's time, and
     # without the host's resolv.conf and hostname, which mmdebstrap copies in
     step "Debian bookworm base with python3, venv and pip (mmdebstrap, $mirror) -> $work/bookworm.tar"
-    SOURCE_DATE_EPOCH=$(git -C "$root" log -1 --format=%ct) quiet mmdebstrap --variant=minbase \
+    rm -rf "$work/bookworm.tar.part"  # what a build stopped half-way left
+    SOURCE_DATE_EPOCH=$(git -C "$root" log -1 --format=%ct) quiet mmdebstrap --variant=minbase --format=tar \
       --include=python3,python3-venv,python3-pip "${options[@]}" \
       --customize-hook='rm -f "$1"/etc/resolv.conf "$1"/etc/hostname' bookworm "$work/bookworm.tar.part" "$mirror"
     mv "$work/bookworm.tar.part" "$work/bookworm.tar"
   fi
   # The base's packages against the committed list (docker/lock/bookworm.txt): the live archive moves at each point
   # release; a snapshot does not.
-  tar -xOf "$work/bookworm.tar" ./var/lib/dpkg/status | awk '
+  tar -xOf "$work/bookworm.tar" ./var/lib/dpkg/status >"$work/bookworm.status" 2>/dev/null ||
+    die "$work/bookworm.tar has no ./var/lib/dpkg/status: delete it, and build.sh makes it again"
+  awk '
     /^Package: / {p = $2} /^Architecture: / {a = $2} /^Version: / {v = $2}
-    /^$/ {if (p) print p " " v " " a; p = ""} END {if (p) print p " " v " " a}' | sort >"$work/bookworm.txt"
+    /^$/ {if (p) print p " " v " " a; p = ""} END {if (p) print p " " v " " a}' "$work/bookworm.status" |
+    sort >"$work/bookworm.txt"
   grep -v '^#' "$root/docker/lock/bookworm.txt" >"$work/bookworm.lock" 2>/dev/null || true
   if cmp -s "$work/bookworm.txt" "$work/bookworm.lock"; then
     step "the base's $(wc -l <"$work/bookworm.txt") packages are docker/lock/bookworm.txt's"
