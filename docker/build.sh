@@ -82,7 +82,7 @@ step() { echo "stapo: $* ($(date +%T))"; }
 layers=()  # buildah reuses no layer unless told (podman and Docker do): the dependencies' layer outlives a source edit
 [ $tool != buildah ] || layers=(--layers)
 
-provenance() {  # the OCI labels' and STAPO_COMMIT's build arguments (python -m stapo --version prints the commit)
+provenance() {  # the OCI labels' and STAPO_COMMIT's build arguments (python -m stapo.tools.version prints it)
   local revision
   revision=$(git -C "$root" rev-parse HEAD)
   # a context with changes not committed is not that commit: the revision says so

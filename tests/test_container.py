@@ -263,15 +263,15 @@ def test_build_sh_chooses_chroot_isolation_when_no_oci_runtime_starts(tmp_path):
 
 
 def test_stapo_version_names_the_commit(tmp_path):
-    """python -m stapo --version: STAPO_COMMIT (the image's), else the checkout's HEAD (-dirty with changes), else
+    """python -m stapo.tools.version: STAPO_COMMIT (the image's), else the checkout's HEAD (-dirty with changes), else
     unknown; a real git repository holding a copy of the package."""
     checkout = tmp_path / "checkout"
     shutil.copytree(ROOT / "stapo", checkout / "stapo", ignore=shutil.ignore_patterns("__pycache__"))
     env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "PYTHONPATH": str(checkout), "GIT_CONFIG_NOSYSTEM": "1"}
 
-    def version(**extra):
+    def version(*args, **extra):
         out = subprocess.run(
-            [sys.executable, "-m", "stapo", "--version"],
+            [sys.executable, "-m", "stapo.tools.version", *args],
             capture_output=True, text=True, timeout=60, env={**env, **extra}, cwd=tmp_path,
         )  # fmt: skip
         assert out.returncode == 0 and out.stderr == "", out
@@ -286,12 +286,15 @@ def test_stapo_version_names_the_commit(tmp_path):
     assert version() == f"stapo-verl 0.1.0 commit {head}\n"
     (checkout / "stapo" / "s2t.py").write_text("# changed\n")
     assert version() == f"stapo-verl 0.1.0 commit {head}-dirty\n"
+    assert version(STAPO_COMMIT="feedface") == version("--version", STAPO_COMMIT="feedface")
     assert version(STAPO_COMMIT="feedface") == "stapo-verl 0.1.0 commit feedface\n"
     out = subprocess.run(
-        [sys.executable, "-m", "stapo", "--verison"],
+        [sys.executable, "-m", "stapo.tools.version", "--verison"],
         capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path,
     )  # fmt: skip
-    assert out.returncode == 2 and out.stderr == "error: unknown arguments '--verison': python -m stapo --version\n"
+    assert out.returncode == 2 and out.stderr.splitlines() == [
+        "error: unknown arguments '--verison': python -m stapo.tools.version takes none"
+    ]
 
 
 def test_build_sh_names_the_package_of_a_missing_tool(tmp_path):

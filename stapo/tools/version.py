@@ -1,4 +1,7 @@
-"""``python -m stapo --version``: the recipe's version and the commit it was built from.
+"""``python -m stapo.tools.version``: the recipe's version and the commit it was built from.
+
+(Not ``python -m stapo --version``: a ``stapo/__main__.py`` would be a module of the method's layer, which
+tests/test_layout.py keeps to the method itself.)
 
 The commit is the image's ``STAPO_COMMIT`` (docker/build.sh sets it, and the image's OCI label
 ``org.opencontainers.image.revision``, from ``git rev-parse HEAD``, with ``-dirty`` when the checkout had changes not
@@ -12,17 +15,16 @@ from pathlib import Path
 
 from stapo import __version__
 
-USAGE = """usage: python -m stapo --version
+USAGE = """usage: python -m stapo.tools.version
 Prints the recipe's version and the commit it was built from (STAPO_COMMIT in the image, else the
-checkout's git HEAD). The recipe's tools are modules of their own: python -m stapo.train,
-python -m stapo.tools.report, ... (README)."""
+checkout's git HEAD, else unknown)."""
 
 
 def commit() -> str:
     """STAPO_COMMIT, else the checkout's HEAD (``-dirty`` if it has changes not committed), else ``unknown``."""
     if os.environ.get("STAPO_COMMIT"):
         return os.environ["STAPO_COMMIT"]
-    checkout = Path(__file__).resolve().parents[1]
+    checkout = Path(__file__).resolve().parents[2]
 
     def git(*args):
         return subprocess.run(["git", "-C", str(checkout), *args], capture_output=True, text=True, timeout=30)
@@ -39,13 +41,13 @@ def commit() -> str:
 
 def main(argv=None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if args == ["--version"]:
+    if args in ([], ["--version"]):
         print(f"stapo-verl {__version__} commit {commit()}")
         return 0
-    if args in ([], ["-h"], ["--help"]):
+    if args in (["-h"], ["--help"]):
         print(USAGE)
         return 0
-    print(f"error: unknown arguments {' '.join(args)!r}: python -m stapo --version", file=sys.stderr)
+    print(f"error: unknown arguments {' '.join(args)!r}: python -m stapo.tools.version takes none", file=sys.stderr)
     return 2
 
 
