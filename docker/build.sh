@@ -95,6 +95,10 @@ provenance() {  # the OCI labels' and STAPO_COMMIT's build arguments (python -m 
 }
 
 # --- can a RUN step start here? (buildah and podman: the default OCI isolation needs a runtime that can) -----------
+# Answers crun 1.8.1 (Debian 12's) on a host whose cgroup controllers are mounted as v1 beside a v2 hierarchy: it
+# refuses with "cgroups in hybrid mode not supported, drop all controllers from cgroupv2" (crun's
+# src/libcrun/cgroup.c; a mode its maintainers do not mean to support: containers/podman#3439). Chroot isolation
+# needs no runtime and no cgroup.
 image_exists() {
   if [ $tool = buildah ]; then buildah inspect --type image "$1"; else $tool image inspect "$1"; fi >/dev/null 2>&1
 }
