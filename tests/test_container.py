@@ -102,6 +102,31 @@ def test_cpu_lock_follows_setup_py_and_every_file_has_its_hash():
     assert "flash-attn" not in pins
 
 
+def test_lock_sh_explains_itself_and_stops_in_one_line(tmp_path):
+    """docker/lock.sh: --help, and one line for a missing or unknown variant, a Python other than bookworm's and a
+    missing pip-compile, before anything is written (the locks stay as committed)."""
+    script = str(ROOT / "docker" / "lock.sh")
+    locks = {p.name: p.read_bytes() for p in (ROOT / "docker" / "lock").iterdir()}
+    _stub(tmp_path, "python3", 'echo "${PY:-3.11}"\n')
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "HOME": str(tmp_path), "STAPO_PIP_COMPILE": str(tmp_path / "none")}
+
+    def lock(*args, **extra):
+        return subprocess.run(["bash", script, *args], capture_output=True, text=True, timeout=30, env={**env, **extra})
+
+    out = lock("--help")
+    assert out.returncode == 0 and out.stdout.startswith("usage: bash docker/lock.sh cpu|gpu") and out.stderr == ""
+    for args, extra, line in [
+        ((), {}, "error: name a variant: bash docker/lock.sh cpu|gpu (--help says more)"),
+        (("tpu",), {}, "error: unknown variant 'tpu': bash docker/lock.sh cpu|gpu (--help says more)"),
+        (("cpu",), {"PY": "3.12"}, "error: the lock is for Debian bookworm's Python 3.11, python3 is 3.12: "
+         "set PYTHON=python3.11"),
+        (("cpu",), {}, "error: pip-compile is missing: python3 -m pip install pip-tools (or set STAPO_PIP_COMPILE)"),
+    ]:  # fmt: skip
+        out = lock(*args, **extra)
+        assert out.returncode == 2 and out.stderr.splitlines() == [line] and out.stdout == "", (args, out)
+    assert {p.name: p.read_bytes() for p in (ROOT / "docker" / "lock").iterdir()} == locks
+
+
 def test_dockerfile_installs_the_lock_before_the_source_and_labels_the_commit():
     dockerfile = (ROOT / "docker" / "Dockerfile").read_text()
     lines = [line for line in dockerfile.splitlines() if line and line[0] != "#"]
