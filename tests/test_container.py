@@ -102,6 +102,31 @@ def test_cpu_lock_follows_setup_py_and_every_file_has_its_hash():
     assert "flash-attn" not in pins
 
 
+def test_gpu_lock_is_verls_pins_without_flash_attn():
+    text, pins = _lock("gpu")
+    assert "bash docker/lock.sh gpu" in text.split("\n\n")[0]
+    install_requires, _, _ = _setup_requirements()
+    lock_in = [line for line in (ROOT / "docker" / "lock" / "gpu.in").read_text().splitlines() if line[:1] != "#"]
+    assert lock_in[0] == "verl==0.9.1" and lock_in[-2:] == ["setuptools", "wheel"]
+    # the rest is verl's own list for the extras REQUIRED_VERL.txt names, nested extras expanded, flash-attn left out
+    by_extra = {}
+    for requirement in importlib.metadata.requires("verl"):
+        found = re.fullmatch(r'(.+?)\s*;\s*extra == "(.+)"', requirement)
+        if found:
+            by_extra.setdefault(found[2], []).append(found[1])
+
+    def expand(extra):
+        for requirement in by_extra[extra]:
+            nested = re.fullmatch(r"verl\[(.+)\]", requirement)
+            yield from (r for e in nested[1].split(",") for r in expand(e)) if nested else [requirement]
+
+    verls = {r for e in ("vllm", "fsdp", "math") for r in expand(e)}
+    assert sorted(r for r in verls if not r.startswith("flash-attn")) == lock_in[1:-2] and "flash-attn" in str(verls)
+    for requirement in [*install_requires, *lock_in]:
+        _in_lock(requirement, pins, "gpu")
+    assert "flash-attn" not in pins and all(hashes for _, hashes in pins.values())
+
+
 def test_lock_sh_explains_itself_and_stops_in_one_line(tmp_path):
     """docker/lock.sh: --help, and one line for a missing or unknown variant, a Python other than bookworm's and a
     missing pip-compile, before anything is written (the locks stay as committed)."""
