@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import gzip
+import hashlib
 import json
 import math
 import os
@@ -164,6 +165,47 @@ def smoke_block(root: Path, name: str) -> str:
     return "\n".join(lines + ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]) + "\n"
 
 
+def image_block(root: Path, name: str) -> str:
+    """A container image's record (``docker/build.sh`` run twice from one commit and lock): each build's time, image
+    digest, revision label and ``STAPO_COMMIT``, the SHA-256 of ``pip freeze --all`` inside each image (equal sets,
+    equal hashes), and the test suite's closing line inside the second."""
+    folder = root / RECORDS / name
+    fields = json.loads((folder / "card.json").read_text())
+    rows = []
+    for n in (1, 2):
+        build, freeze = fields[f"build_{n}"], folder / f"freeze{n}.txt"
+        image = build["image"]
+        commit = next(e.split("=", 1)[1] for e in image["env"] if e.startswith("STAPO_COMMIT="))
+        rows.append(
+            [
+                f"build {n}",
+                f"{build['wall_seconds']:.0f}",
+                f"`{image['manifest_digest'][:19]}…`",
+                f"`{image['labels']['org.opencontainers.image.revision'][:10]}`",
+                f"`{commit[:10]}`",
+                " ".join(image["cmd"]),
+                f"`{hashlib.sha256(freeze.read_bytes()).hexdigest()[:12]}…` ({len(freeze.read_bytes().splitlines())})",
+            ]
+        )
+    head = [
+        "",
+        "seconds",
+        "image digest",
+        "revision label",
+        "STAPO_COMMIT",
+        "default command",
+        "pip freeze --all (lines)",
+    ]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    tests = re.findall(r"=+ (.*(?:passed|failed).*) in [\d.]+s", (folder / "pytest.out").read_text())
+    same = (folder / "freeze1.txt").read_bytes() == (folder / "freeze2.txt").read_bytes()
+    return "\n".join(lines) + (
+        f"\n\nThe two images' installed package sets are {'equal' if same else 'NOT equal'}; the test suite inside "
+        f"build 2: {tests[-1] if tests else 'no closing line'} (`pytest.out`).\n"
+    )
+
+
 def record_runs(folder: Path) -> dict[str, list[dict[str, dict[int, float]]]]:
     """``label -> [metrics of each run]`` of a record: an experiment's runs grouped by method (``runs/METHOD-sSEED``),
     or one run per folder holding ``metrics.jsonl.gz``."""
@@ -196,7 +238,12 @@ def curves_block(root: Path, name: str, *figures: str, check: bool = False) -> t
     return " ".join(f"![{f}](img/{name}/{f}.png)" for f in figures) + "\n", stale
 
 
-BLOCKS: dict[str, Callable[..., str]] = {"card": card_block, "decisive": decisive_block, "smoke": smoke_block}
+BLOCKS: dict[str, Callable[..., str]] = {
+    "card": card_block,
+    "decisive": decisive_block,
+    "smoke": smoke_block,
+    "image": image_block,
+}
 """Block kinds and what writes them (``curves``, which also draws, is :func:`curves_block`)."""
 
 
