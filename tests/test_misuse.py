@@ -155,6 +155,30 @@ ENTRIES = {
     "stapo.checks.reproduce compare": Entry(
         ("compare", "{A}/metrics.jsonl", "{A}/metrics.jsonl", "--out", "{W}/table.md"), kinds={"--steps": "text"}
     ),
+    "stapo.checks.batch_invariance run": Entry(
+        ("run", "--model", M, "--setting", "fa2", "--out", "{W}/probe.json"),
+        work=("stapo.checks.batch_invariance:vllm_generate",),
+        kinds={"--setting": "text"},
+    ),
+    "stapo.checks.batch_invariance table": Entry(
+        ("table", "{A}/invariance.json"), work=("stapo.checks.batch_invariance:table",)
+    ),
+    "stapo.tools.evidence card": Entry(
+        ("card", "--out", "{W}/record", "--commit", "abc1234", "--command", "true"),
+        work=("stapo.tools.evidence:card",),
+        kinds={"--commit": "text", "--command": "text", "--note": "text"},
+    ),
+    "stapo.tools.evidence collect": Entry(
+        ("collect", "{A}/experiment", "{W}/record"),
+        work=("stapo.tools.evidence:collect",),
+        kinds={"dest": "out-folder"},
+    ),
+    "stapo.tools.report evidence": Entry(
+        ("evidence", "--check", "--root", "{A}/repo"), work=("stapo.tools.evidence:regenerate",)
+    ),
+    "stapo.quickstart.experiment decisive": Entry(
+        ("decisive", "{A}/experiment"), work=("stapo.tools.decisive:report",), kinds={"folders": "folder"}
+    ),
     "stapo.train.clusters wait": Entry(
         ("wait", "127.0.0.1:6390", "5", "node1"),
         work=("stapo.train.clusters:wait_for_nodes",),
@@ -174,6 +198,8 @@ MEANINGS = {
     "--q": {"0": "q = 0 silences nothing (the paper's range is [0, 1])"},
     "--warmup-target": {"0": "no accuracy target: one warm-up round"},
     "--label": {"junk!": "any name of the run's folder"},
+    "--command": {"junk!": "the command as typed, whatever it is"},
+    "--note": {"junk!": "what else ran on the host, in words"},
     "nodes": {"junk!": "a host name"},
 }
 """Option -> {bad-looking value: what it means}: values that are valid there."""
@@ -273,6 +299,10 @@ def assets(tmp_path_factory):
     (root / "aime24.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     shutil.copytree(FIXTURES / "report_runs", root / "summaries")
     write_gguf(root / "small.gguf")
+    invariance = {"setting": "fa2", "greedy": False, "eager": True, "requests": 2, "compositions": {}}
+    (root / "invariance.json").write_text(json.dumps(invariance))
+    (root / "repo" / "docs" / "evidence").mkdir(parents=True)
+    (root / "repo" / "docs" / "evidence" / "page.md").write_text("# a page without generated blocks\n")
     for path in (root / "metrics.jsonl", root / "experiment" / "runs" / "justrl-s0" / "metrics.jsonl"):
         path.parent.mkdir(parents=True, exist_ok=True)
         with pytest.MonkeyPatch.context() as patch:

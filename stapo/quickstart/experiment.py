@@ -689,6 +689,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.command == "decisive":
         from stapo.tools.decisive import report
 
+        for folder in args.folders:
+            if not (folder / "runs").is_dir():
+                raise SystemExit(f"error: {folder}: no runs/ folder; pass a round's folder (`experiment run --out`)")
+
         tables, verdict = report(args.folders)
         print(tables + "\n" + verdict)
         return

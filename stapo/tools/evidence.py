@@ -34,7 +34,7 @@ from pathlib import Path
 
 from stapo.tools.curves import band, figure_data, plot_runs, read_metrics, read_runs
 from stapo.tools.decisive import report as decisive_report
-from stapo.tools.io import write_atomic
+from stapo.tools.io import output_problem, write_atomic
 
 LOG_TAIL = 200
 """Lines kept of each run's log."""
@@ -291,7 +291,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     copy.add_argument("runs", type=Path, metavar="RUNS_DIR")
     copy.add_argument("dest", type=Path, metavar="DEST")
     args = parser.parse_args(argv)
+    out = args.out if args.command == "card" else args.dest
+    if problem := output_problem(out, "folder", "--out" if args.command == "card" else "DEST"):
+        parser.exit(2, f"error: {problem}\n")
     if args.command == "card":
+        if not re.fullmatch(r"[0-9a-f]{7,40}", args.commit):
+            parser.exit(2, f"error: --commit {args.commit}: not a commit hash; pass `git rev-parse HEAD`\n")
         args.out.mkdir(parents=True, exist_ok=True)
         write_atomic(args.out / "card.json", json.dumps(card(args.typed, args.commit, args.note), indent=1) + "\n")
         print(args.out / "card.json")

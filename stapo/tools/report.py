@@ -290,8 +290,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     evidence.add_argument("--root", type=Path, default=Path("."), help="the repository's root (default: here)")
     args = parser.parse_args(argv)
     if args.command == "evidence":
-        from stapo.tools.evidence import EvidenceError, regenerate
+        from stapo.tools.evidence import PAGES, EvidenceError, regenerate
 
+        if not (args.root / PAGES).is_dir():
+            parser.exit(2, f"error: --root {args.root}: no {PAGES} folder there; run from the repository's root\n")
         try:
             differs = regenerate(args.root, args.check)
         except EvidenceError as error:
