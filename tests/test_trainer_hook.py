@@ -618,3 +618,17 @@ def test_with_determinism_a_batch_is_trained_in_the_order_its_prompts_were_submi
     assert submission_order(finished[1], {uid: i for i, uid in enumerate(uids)}) == [7, 6, 5, 4, 3, 2, 1, 0]
     # prompts submitted before a resume (no number here): first, by uid, whatever order they finished in
     assert [finished[1][i] for i in submission_order(finished[1], {})] == sorted(keys)
+
+
+def test_the_other_tokens_bound_never_rounds_below_zero():
+    """Late in a run almost every token has Â = 0: the other tokens' bound is 0, and the float32 total minus the float64
+    candidates' sum rounded below it (round 1 of the decisive test logged a candidate/other ratio of -4602)."""
+    from stapo.train.metrics import s2t_metrics
+
+    stats = {"tokens": 1000, "candidates": 10, "masked": 7, "pos_adv": 40, "expected_masked": 7}
+    stats |= {"bound_total": 48.2999992, "bound_candidates": 48.3, "bound_silenced": 30.0}
+    metrics = s2t_metrics(stats)
+    assert metrics["s2t/grad_bound/other_mean"] == 0.0
+    assert metrics["s2t/grad_bound/candidate_mean"] == pytest.approx(4.83)
+    stats["bound_total"] = 58.3
+    assert s2t_metrics(stats)["s2t/grad_bound/other_mean"] == pytest.approx(10.0 / 990)

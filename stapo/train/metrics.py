@@ -67,7 +67,9 @@ def s2t_metrics(stats: dict) -> dict[str, float]:
         "s2t/expected_share": _ratio(stats["expected_masked"], candidates),
         "s2t/grad_bound/spurious_mean": _ratio(spur, spurious),
         "s2t/grad_bound/candidate_mean": _ratio(cand, candidates),
-        "s2t/grad_bound/other_mean": _ratio(total - cand, tokens - candidates),
+        # a sum of non-negative terms: the float32 total minus the float64 candidates can round below 0 where the
+        # other tokens' advantages are all 0 (late in a run), which made the candidate/other ratio negative
+        "s2t/grad_bound/other_mean": _ratio(max(total - cand, 0.0), tokens - candidates),
         "s2t/grad_bound/spurious_share": _ratio(spur, total),
     }
 
