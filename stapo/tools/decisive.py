@@ -154,7 +154,7 @@ def contrasts(rounds: Sequence[Round]) -> list[Contrast]:
     the two; Fisher's exact test on the collapse counts beside each (secondary)."""
     pooled = {arm: {seed: e for rnd in rounds for seed, e in rnd[arm].items()} for arm in ARMS}
     stats = []
-    for other in ARMS[::2]:
+    for other in ("justrl", "stapo_random"):
         seeds = sorted(pooled["stapo"].keys() & pooled[other].keys())
         differences = [pooled["stapo"][s].rho - pooled[other][s].rho for s in seeds]
         collapsed = [sum(pooled[arm][s].collapsed for s in seeds) for arm in ("stapo", other)]
