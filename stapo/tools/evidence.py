@@ -23,7 +23,6 @@ import datetime
 import gzip
 import hashlib
 import json
-import math
 import os
 import re
 import shutil
@@ -32,6 +31,7 @@ from collections.abc import Callable, Sequence
 from importlib import metadata
 from pathlib import Path
 
+from stapo.s2t import DEFAULTS, distinct_silenced
 from stapo.tools.curves import band, figure_data, plot_runs, read_metrics, read_runs
 from stapo.tools.decisive import report as decisive_report
 from stapo.tools.io import output_problem, write_atomic
@@ -144,7 +144,7 @@ def smoke_block(root: Path, name: str) -> str:
     for line in (root / RECORDS / name / "summary.jsonl").read_text().splitlines():
         run = json.loads(line)
         pools = run.get("pools") or []
-        exact = sum(silenced == math.ceil(0.75 * (k - 1)) for k, silenced in pools)
+        exact = sum(silenced == distinct_silenced(k, DEFAULTS.q) for k, silenced in pools)
         rows.append(
             [
                 run["method"],
