@@ -56,6 +56,8 @@ TRAINER_MODES = {
 SEEDED_AGENT_LOOP = "stapo_seeded_single_turn"
 """The agent loop of ``determinism=full`` (``actor_rollout_ref.rollout.agent.default_agent_loop``): verl's single-turn
 loop with a sampling seed for each response (:class:`stapo.train.agent_loop.SeededSingleTurnAgentLoop`)."""
+TAPE_GLOB = "rollouts-*.jsonl"
+"""The files of a folder of recorded rollouts (``stapo.record_rollouts``), one per agent-loop process."""
 
 
 @functools.cache
@@ -161,6 +163,20 @@ class StapoConfig:
             "mask is applied (JustRL, GRPO), for comparison"
         },
     )
+    record_rollouts: str = field(
+        default="",
+        metadata={
+            "help": "a folder: every response the rollout generates is written there, keyed by its request's seed "
+            "(needs determinism=full); replay_rollouts reads it; empty: none"
+        },
+    )
+    replay_rollouts: str = field(
+        default="",
+        metadata={
+            "help": "a folder of record_rollouts: responses are read from it instead of generated, so that two runs "
+            "train on the same rollouts (the training side's determinism apart from vLLM's); empty: none"
+        },
+    )
 
     def __post_init__(self) -> None:
         hints = get_type_hints(type(self))
@@ -172,6 +188,8 @@ class StapoConfig:
                     raise StapoConfigError(f"stapo.{f.name}={value!r} is not allowed; use one of: {allowed}")
             elif kind is bool and not isinstance(value, bool):
                 raise StapoConfigError(f"stapo.{f.name}={value!r} is not a boolean; use true or false")
+            elif kind is str and not isinstance(value, str):
+                raise StapoConfigError(f"stapo.{f.name}={value!r} is not a path; quote it: stapo.{f.name}='\"DIR\"'")
             elif kind is float and (isinstance(value, bool) or not isinstance(value, int | float)):
                 raise StapoConfigError(f"stapo.{f.name}={value!r} is not a number; {_RANGES[f.name][1]}")
         for key, (ok, allowed) in _RANGES.items():
@@ -182,6 +200,11 @@ class StapoConfig:
             raise StapoConfigError(
                 f"stapo.silence={self.silence} is an ablation of the S2T mask built on the driver: it needs "
                 "stapo.mask=s2t and stapo.policy_source=old"
+            )
+        if self.record_rollouts and self.replay_rollouts:
+            raise StapoConfigError(
+                "stapo.record_rollouts and stapo.replay_rollouts are both set: a run records its rollouts or replays "
+                "another run's; set one"
             )
         if self.policy_source == "current" and self.quantile_scope == "batch":
             raise StapoConfigError(

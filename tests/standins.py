@@ -14,7 +14,9 @@ steps of a chain, a missing folder or a lost log fails the test that runs the ch
   names, then writes what verl's V1 trainer writes for ``trainer.total_training_steps`` steps: the metrics, through
   verl's own ``FileLogger`` at ``$VERL_FILE_LOGGER_PATH`` (validation at step 0 and every ``test_freq`` steps and at
   the last), and a checkpoint every ``save_freq`` steps and at the last one, through verl's own
-  ``FSDPCheckpointManager``. The metrics' values are made up (no model is trained); their keys are verl's.
+  ``FSDPCheckpointManager``. The metrics' values are made up (no model is trained); their keys are verl's. Like the
+  recipe's trainer it resumes after the checkpoint that ``latest_checkpointed_iteration.txt`` names, setting the
+  earlier metrics aside (``trainer.resume_mode=auto``, verl's default); ``STANDIN_STEP_S`` paces its steps.
 * ``checkpoint`` writes the model folder's weights as verl's FSDP checkpoint (``global_step_N/actor`` of
   ``RUN_DIR``, ``data.pt`` and ``latest_checkpointed_iteration.txt``): the model is sharded with verl's own
   ``apply_fsdp2`` over ``N`` CPU processes (gloo), as the engine shards it over N GPUs, and saved by verl's
@@ -36,6 +38,7 @@ import json
 import os
 import socket
 import sys
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve()
@@ -122,7 +125,9 @@ def train(argv: list[str]) -> None:
     from verl.utils.tracking import FileLogger
 
     from stapo.config import CONFIG_DIR
+    from stapo.tools.io import set_aside
     from stapo.train.main import validate
+    from stapo.train.trainer import file_logger_path
 
     method = next(a.split("=", 1)[1] for a in argv if a.startswith("--config-name="))
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
@@ -134,11 +139,16 @@ def train(argv: list[str]) -> None:
     source = pq.read_table(config.data.val_files, columns=["data_source"]).column(0)[0].as_py()
     trainer = config.trainer
     steps, val_n = trainer.total_training_steps, config.actor_rollout_ref.rollout.val_kwargs.n
+    os.environ.update(config.ray_kwargs.ray_init.runtime_env.get("env_vars") or {})  # what Ray gives the TaskRunner
+    tracker = Path(trainer.default_local_dir) / "latest_checkpointed_iteration.txt"
+    first = int(tracker.read_text()) + 1 if trainer.resume_mode == "auto" and tracker.is_file() else 1
+    set_aside(file_logger_path(config), segment=first > 1)
     logger = FileLogger(trainer.project_name, trainer.experiment_name)  # $VERL_FILE_LOGGER_PATH
     validation = {f"val-core/{source}/acc/mean@{val_n}": 0.25}
-    if trainer.val_before_train:
+    if trainer.val_before_train and first == 1:
         logger.log(validation, step=0)
-    for step in range(1, steps + 1):
+    for step in range(first, steps + 1):
+        time.sleep(float(os.environ.get("STANDIN_STEP_S", 0)))
         metrics = {"critic/score/mean": 0.3, "actor/entropy": 0.5 - 0.01 * step, "actor/grad_norm": 0.2}
         metrics |= {"response_length/mean": 40.0, "s2t/spurious_frac": 0.001, "s2t/candidate_frac": 0.002}
         if stapo.active:

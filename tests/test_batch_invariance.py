@@ -55,7 +55,7 @@ def test_the_probe_finds_batch_dependence_and_only_that():
     batches = bi.compositions(12, chunk=4)
     assert all(c["responses"] == c["logprobs"] == 0 for c in bi.probe(invariant, requests, others, batches).values())
     found = bi.probe(batch_dependent, requests, others, batches)
-    assert found["together"]["responses"] == 0 and found["reversed"]["logprobs"] == 0  # same size: same numbers
+    assert found["again"]["responses"] == 0 and found["reversed"]["logprobs"] == 0  # same size: same numbers
     assert found["chunks"]["responses"] == 12 and found["chunks"]["logprobs"] == 12
     assert found["mixed"]["logprobs"] == 12  # 24 in that batch
 
@@ -63,15 +63,33 @@ def test_the_probe_finds_batch_dependence_and_only_that():
 def test_the_table_and_the_cli_refusals(tmp_path):
     record = {"setting": "fa2", "greedy": False, "eager": True, "requests": 12, "compositions": {
         "together": {"responses": 0, "tokens": 0, "logprobs": 0, "max_logprob_gap": 0.0},
-        "chunks": {"responses": 3, "tokens": 40, "logprobs": 7, "max_logprob_gap": 0.01}}}  # fmt: skip
+        "chunks": {"responses": 3, "tokens": 40, "logprobs": 7, "max_logprob_gap": 0.01}},
+        "environment": {"CUBLASLT_WORKSPACE_SIZE": "1", "CUBLAS_WORKSPACE_CONFIG": None},
+        "matmul_rows_differing": {"1": 0, "64": 5}}  # fmt: skip
     (tmp_path / "fa2.json").write_text(json.dumps(record))
     probe = [sys.executable, "-m", "stapo.checks.batch_invariance"]
     done = subprocess.run([*probe, "table", str(tmp_path / "fa2.json")], capture_output=True, text=True)
     assert done.returncode == 0
-    assert "| fa2 | seeded T=1, eager | chunks | 3 / 12 | 40 | 7 | 0.01 | vLLM PR #48694" in done.stdout
+    assert (
+        "| fa2 | seeded T=1, eager, CUBLASLT_WORKSPACE_SIZE=1 | chunks | 3 / 12 | 40 | 7 | 0.01 | vLLM PR #48694"
+        in (done.stdout)
+    )
+    assert done.stdout.endswith("(after the engine): fa2: 1 rows: 0, 64 rows: 5\n")
     assert "together" not in done.stdout
     run = ["run", "--model", str(tmp_path), "--setting", "fa2", "--out", str(tmp_path / "r.json")]
     bad = subprocess.run([*probe, *run], capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "no config.json" in bad.stderr
     assert not (tmp_path / "r.json").exists()
     assert set(bi.SETTINGS) == set(bi.UPSTREAM)
+
+
+def test_matmul_rows_counts_rows_that_depend_on_the_batch(monkeypatch):
+    """On the CPU (no cuBLAS) the product of fewer rows may or may not match; the count is what it is. A product whose
+    rows depend on how many are multiplied is caught row by row."""
+    import torch
+
+    counts = bi.matmul_rows(rows=(1, 4, 8), shape=(9, 16, 8), device="cpu")
+    assert set(counts) == {1, 4, 8} and all(0 <= n <= m for m, n in counts.items())
+    real = torch.Tensor.__matmul__
+    monkeypatch.setattr(torch.Tensor, "__matmul__", lambda a, b: real(a, b) + (a.shape[0] < 9) * 2.0**-6)
+    assert bi.matmul_rows(rows=(1, 4), shape=(9, 16, 8), device="cpu") == {1: 1, 4: 4}

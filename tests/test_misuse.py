@@ -163,6 +163,16 @@ ENTRIES = {
     "stapo.checks.batch_invariance table": Entry(
         ("table", "{A}/invariance.json"), work=("stapo.checks.batch_invariance:table",)
     ),
+    "stapo.checks.replay run": Entry(
+        ("run", "--model", M, "--data", T, "--out", "{W}/replay"),
+        work=("stapo.checks.replay:run",),
+        kinds={"overrides": "text"},
+    ),
+    "stapo.checks.replay halt": Entry(
+        ("halt", "true", "--at", "2", "--checkpoints", "{W}/ckpt"),
+        work=("stapo.checks.replay:halt",),
+        kinds={"cmd": "text", "--checkpoints": "out-folder"},
+    ),
     "stapo.tools.evidence card": Entry(
         ("card", "--out", "{W}/record", "--commit", "abc1234", "--command", "true"),
         work=("stapo.tools.evidence:card",),

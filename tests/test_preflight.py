@@ -227,3 +227,32 @@ def test_the_asynchronous_modes_are_checked_before_ray():
     assert gpus and "+ actor_rollout_ref.rollout.n_gpus_per_node=2 x nnodes=1" in gpus[0] and "needs 3 GPUs" in gpus[0]
     with pytest.raises(ConfigError, match="bypass_mode=True: verl then takes the rollout's log-probs as π_old"):
         validate(load("algorithm.rollout_correction.bypass_mode=True"), environment=False)
+
+
+def test_rollouts_on_tape_need_determinism_and_a_recording(files, monkeypatch, tmp_path):
+    """stapo.record_rollouts / replay_rollouts key each response by its request's seed: without determinism=full the
+    run is refused, as is a replay of a folder without a recording or a record folder that cannot be written; both
+    keys at once are refused by the stapo block's own check."""
+    monkeypatch.setattr(preflight, "local_gpus", lambda: 1)
+    tape = tmp_path / "tape"
+    (line,) = preflight.config_problems(good(files, f"stapo.record_rollouts={tape}"))
+    assert (
+        line.startswith("stapo.record_rollouts keys each response by its request's seed") and "determinism=full" in line
+    )
+    assert preflight.config_problems(good(files, f"stapo.record_rollouts={tape}", "determinism=full")) == []
+    assert preflight.environment_problems(good(files, f"stapo.record_rollouts={tape}", "determinism=full")) == []
+    (line,) = preflight.environment_problems(good(files, f"stapo.replay_rollouts={tape}", "determinism=full"))
+    assert line == (
+        f"stapo.replay_rollouts={tape}: no recording there (rollouts-*.jsonl); name the folder a run with "
+        "stapo.record_rollouts wrote"
+    )
+    tape.mkdir()
+    (tape / "rollouts-host-1.jsonl").write_text("")
+    assert preflight.environment_problems(good(files, f"stapo.replay_rollouts={tape}", "determinism=full")) == []
+    (blocker := tmp_path / "file").write_text("")
+    (line,) = preflight.environment_problems(good(files, f"stapo.record_rollouts={blocker}", "determinism=full"))
+    assert line.startswith(f"stapo.record_rollouts {blocker}: a file is in the way")
+    with pytest.raises(preflight.StapoConfigError, match="are both set"):
+        preflight.validate_training_config(
+            good(files, f"stapo.record_rollouts={tape}", f"stapo.replay_rollouts={tape}", "determinism=full")
+        )

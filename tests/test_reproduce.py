@@ -47,3 +47,23 @@ def test_a_difference_is_named_with_its_size(tmp_path, monkeypatch, capsys):
     with pytest.raises(SystemExit) as refused:
         reproduce.main(["compare", str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl"), "--steps", "6-4"])
     assert refused.value.code == 2 and "--steps 6-4: give FIRST-LAST" in capsys.readouterr().err
+
+
+def test_all_compares_every_metric_but_time_and_memory(tmp_path, monkeypatch, capsys):
+    """``--all``: a metric outside the main ones (here the learning rate) is compared too; time and memory never."""
+    for name, lr in (("a", 1e-6), ("b", 2e-6)):
+        monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(tmp_path / f"{name}.jsonl"))
+        logger = FileLogger("stapo", "reproduce")
+        for step in (1, 2):
+            extra = {"actor/perf/max_memory_allocated_gb": step + lr, "perf/throughput": lr}
+            logger.log({"actor/entropy": 0.5, "actor/lr": lr, "timing_s/gen": lr, **extra}, step)
+        logger.finish()
+    runs = [str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")]
+    with pytest.raises(SystemExit) as main_keys:
+        reproduce.main(["compare", *runs])
+    assert main_keys.value.code == 0  # the main keys agree
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as every:
+        reproduce.main(["compare", *runs, "--all"])
+    verdict = capsys.readouterr().out.splitlines()[-1]
+    assert every.value.code == 1 and verdict == "verdict: differ: actor/lr (max |diff| 1e-06)"

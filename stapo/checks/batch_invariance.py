@@ -6,12 +6,16 @@
 
 ``run`` starts one vLLM engine with ``VLLM_BATCH_INVARIANT=1`` and the attention backend of ``--setting``
 (:data:`SETTINGS`), and generates the same seeded requests (word problems of mixed lengths, a seed each, as the
-recipe's ``determinism=full`` sends them) in several batch compositions (:func:`compositions`): all at once, reversed,
-in chunks, one at a time, and mixed with other requests. Each composition is compared with the first, request by
-request (:func:`compare`): responses whose tokens differ, tokens that differ, and sampled-token log-probabilities that
-differ at all over the positions before the first differing token. Batch-invariant generation gives zeros everywhere.
-The record (``--out``, JSON) holds the setting, the engine's arguments, the environment, the versions and the counts;
-``table`` puts records side by side, with the upstream issue each setting answers.
+recipe's ``determinism=full`` sends them) in several batch compositions (:func:`compositions`): all at once, the same
+again, reversed, in chunks, one at a time, and mixed with other requests. Each composition is compared with the first,
+request by request (:func:`compare`): responses whose tokens differ, tokens that differ, and sampled-token
+log-probabilities that differ at all over the positions before the first differing token. Batch-invariant generation
+gives zeros everywhere; differences in ``again`` are not even run-to-run repeatable. Then, in the same process and so
+under the cuBLAS settings vLLM's engine left there, :func:`matmul_rows` asks whether a bfloat16 matrix product's rows
+depend on how many rows are multiplied at once (on Hopper, vLLM 0.24's batch invariance rests on cuBLAS alone:
+``CUBLAS_WORKSPACE_CONFIG=:16:8`` and ``CUBLASLT_WORKSPACE_SIZE=1``, set in ``batch_invariant.py``). The record
+(``--out``, JSON) holds the setting, the engine's arguments, the environment, the versions and the counts; ``table``
+puts records side by side, with the upstream issue each setting answers.
 
 Size it small (48 requests × 64 tokens): batch-invariant kernels are slow, and one process per setting keeps a
 backend's start-up failure from hiding the others.
@@ -46,6 +50,14 @@ UPSTREAM = {
 """What each setting answers upstream (leads from issue 54, to be confirmed by the records)."""
 ENVIRONMENT = {"VLLM_BATCH_INVARIANT": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 """Set before vLLM is imported: batch-invariant kernels, and the engine in this process (one process per setting)."""
+RECORDED_ENV = (*ENVIRONMENT, "CUBLAS_WORKSPACE_CONFIG", "CUBLASLT_WORKSPACE_SIZE", "VLLM_USE_FLASHINFER_SAMPLER")
+"""The environment a record keeps (as the process started: the cuBLAS variables set in the shell, or not)."""
+KV_CACHE_BYTES = 2 << 30
+"""Each engine's KV cache: far more than 96 requests of a few hundred tokens need, in a small share of an H200."""
+MATMUL_ROWS = (1, 2, 7, 64, 128)
+"""Row counts at which :func:`matmul_rows` multiplies, against all :data:`MATMUL_SHAPE` rows at once."""
+MATMUL_SHAPE = (257, 2048, 2048)
+"""Rows, inner and output size of :func:`matmul_rows`'s product (a 1.7B model's hidden size)."""
 
 
 @dataclass(frozen=True)
@@ -64,13 +76,14 @@ def make_requests(count: int, seed: int = 0) -> list[Request]:
 
 def compositions(count: int, chunk: int = 8, seed: int = 0) -> dict[str, list[list[int]]]:
     """Batches of request indices, each composition holding every request once: ``together`` (the reference, in
-    order), ``reversed``, ``chunks`` of ``chunk``, ``single`` (one a batch) and ``mixed`` (a shuffled order; the run
-    adds as many other requests to that batch, so the batch around each request changes). Negative indices in
-    ``mixed`` name the other requests."""
+    order), ``again`` (the same batch once more), ``reversed``, ``chunks`` of ``chunk``, ``single`` (one a batch) and
+    ``mixed`` (a shuffled order; the run adds as many other requests to that batch, so the batch around each request
+    changes). Negative indices in ``mixed`` name the other requests."""
     order = list(range(count))
     shuffled = random.Random(seed).sample(order + [-1 - i for i in order], 2 * count)
     return {
         "together": [order],
+        "again": [order],
         "reversed": [order[::-1]],
         "chunks": [order[i : i + chunk] for i in range(0, count, chunk)],
         "single": [[i] for i in order],
@@ -120,12 +133,15 @@ def probe(
 
 
 def vllm_generate(model: Path, setting: str, max_tokens: int, greedy: bool, eager: bool) -> tuple[Generate, dict]:
-    """An engine for ``setting`` and the function that runs one batch through it; the engine's arguments."""
+    """An engine for ``setting`` and the function that runs one batch through it; the engine's arguments. Its KV cache
+    is given (:data:`KV_CACHE_BYTES`) instead of a share of the GPU's free memory, and vLLM 0.24's start-up check
+    (``request_memory``: free memory of at least ``gpu_memory_utilization`` of the GPU) asks for a tenth, so that
+    the settings can run at once on one GPU."""
     os.environ.update(ENVIRONMENT)
     from vllm import LLM, SamplingParams
 
     kwargs = {"model": str(model), "seed": 0, "enforce_eager": eager, "enable_prefix_caching": False}
-    kwargs |= {"gpu_memory_utilization": 0.3, **SETTINGS[setting]}
+    kwargs |= {"kv_cache_memory_bytes": KV_CACHE_BYTES, "gpu_memory_utilization": 0.1, **SETTINGS[setting]}
     llm = LLM(**kwargs)
 
     def generate(batch: list[Request]) -> list[Output]:
@@ -142,6 +158,17 @@ def vllm_generate(model: Path, setting: str, max_tokens: int, greedy: bool, eage
         return result
 
     return generate, kwargs
+
+
+def matmul_rows(rows: Sequence[int] = MATMUL_ROWS, shape: tuple[int, int, int] = MATMUL_SHAPE, device: str = "cuda"):
+    """For each row count m: how many of the first m rows of a seeded bfloat16 product ``A @ W`` differ bitwise when
+    only those m rows are multiplied, against all of ``A``'s rows at once (0 everywhere: batch-invariant)."""
+    import torch
+
+    generator = torch.Generator().manual_seed(0)
+    a, w = (torch.randn(size, generator=generator).to(device, torch.bfloat16) for size in (shape[:2], shape[1:]))
+    full = a @ w
+    return {m: int((a[:m] @ w != full[:m]).any(dim=1).sum()) for m in rows}
 
 
 def versions() -> dict[str, str | None]:
@@ -166,13 +193,21 @@ def table(records: Sequence[dict]) -> str:
     ]
     for record in records:
         mode = ("greedy" if record["greedy"] else "seeded T=1") + (", eager" if record["eager"] else ", graphs")
+        preset = {k: v for k, v in record.get("environment", {}).items() if k.startswith("CUBLAS") and v}
+        mode += "".join(f", {k}={v}" for k, v in preset.items())
         for name, counts in list(record["compositions"].items())[1:]:
             lines.append(
                 f"| {record['setting']} | {mode} | {name} | {counts['responses']} / {record['requests']} | "
                 f"{counts['tokens']} | {counts['logprobs']} | {counts['max_logprob_gap']:.3g} | "
                 f"{UPSTREAM[record['setting']]} |"
             )
-    return "\n".join(lines) + "\n"
+    matmuls = [
+        f"{r['setting']}: " + ", ".join(f"{m} rows: {n}" for m, n in r["matmul_rows_differing"].items())
+        for r in records
+        if "matmul_rows_differing" in r
+    ]
+    shown = "\n\nbfloat16 matmul, rows differing from the full product (after the engine): " + "; ".join(matmuls)
+    return "\n".join(lines) + (shown if matmuls else "") + "\n"
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -205,14 +240,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         None if (args.model / "config.json").is_file() else f"--model {args.model}: no config.json there"
     ):
         parser.exit(2, f"error: {problem}\n")
-    start = time.time()
+    start, environment = time.time(), {**{k: os.environ.get(k) for k in RECORDED_ENV}, **ENVIRONMENT}
     generate, engine = vllm_generate(args.model, args.setting, args.max_tokens, args.greedy, args.eager)
     requests, others = (make_requests(args.requests, seed) for seed in (args.seed, args.seed + 1))
     counts = probe(generate, requests, others, compositions(args.requests, seed=args.seed))
     record = {
         "setting": args.setting,
         "engine": engine,
-        "environment": {k: os.environ.get(k) for k in (*ENVIRONMENT, "CUBLAS_WORKSPACE_CONFIG")},
+        "environment": environment,
         "versions": versions(),
         "requests": args.requests,
         "max_tokens": args.max_tokens,
@@ -220,6 +255,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "eager": args.eager,
         "seconds": round(time.time() - start, 1),
         "compositions": counts,
+        "matmul_rows_differing": matmul_rows(),
     }
     write_atomic(args.out, json.dumps(record, indent=1) + "\n")
     print(table([record]), end="")

@@ -1,13 +1,13 @@
 """Do two training runs compute the same numbers? A step-by-step comparison of their metrics (issue 40).
 
-    python -m stapo.checks.reproduce compare RUN_A RUN_B [--steps 4-6] [--out TABLE.md]
+    python -m stapo.checks.reproduce compare RUN_A RUN_B [--steps 4-6] [--all] [--out TABLE.md]
 
 ``RUN_A`` and ``RUN_B`` are what :func:`stapo.tools.curves.read_metrics` reads (verl's file-logger JSONL with the
 segments a resumed run set aside, a console log, or a TensorBoard folder): the same command twice with
 ``determinism=full``, or a run against the same run killed after a checkpoint and resumed (``--steps`` then names the
-steps after the checkpoint). For each of :data:`KEYS` the table shows both values at every step both logged and the
-largest absolute difference; the verdict says whether every value is equal to the bit. The exit code is 0 when they
-are, 1 when they differ (for scripts), 2 on bad input.
+steps after the checkpoint). For each of :data:`KEYS` (``--all``: every metric both logged but time and memory) the
+table shows both values at every step both logged and the largest absolute difference; the verdict says whether every
+value is equal to the bit. The exit code is 0 when they are, 1 when they differ (for scripts), 2 on bad input.
 """
 
 from __future__ import annotations
@@ -35,6 +35,13 @@ KEYS = (
 )
 """What two runs of one command must share, step by step (the step time is shown, never compared)."""
 TIMING = "timing_s/step"
+VARYING = ("timing_s/", "timing_per_token_ms/", "perf/mfu/", "perf/throughput", "perf/time_per_step", "actor/perf/")
+"""Prefixes of the metrics that measure time or memory, not what was computed: never compared by ``--all``."""
+
+
+def every_key(a: dict[str, dict[int, float]], b: dict[str, dict[int, float]]) -> tuple[str, ...]:
+    """Every metric both runs logged, except the :data:`VARYING` ones (``--all``)."""
+    return tuple(sorted(key for key in set(a) & set(b) if not key.startswith(VARYING)))
 
 
 def parse_steps(text: str | None) -> range | None:
@@ -47,11 +54,13 @@ def parse_steps(text: str | None) -> range | None:
     return range(int(match[1]), int(match[2]) + 1)
 
 
-def compare(a: dict[str, dict[int, float]], b: dict[str, dict[int, float]], steps: range | None = None) -> dict:
-    """Per key of :data:`KEYS` that either run logged: ``rows`` (step, A, B) at the steps both logged (within
-    ``steps``), the largest absolute difference, and whether all values are bitwise equal (NaN equals NaN)."""
+def compare(
+    a: dict[str, dict[int, float]], b: dict[str, dict[int, float]], steps: range | None = None, keys: Sequence = KEYS
+) -> dict:
+    """Per key of ``keys`` that either run logged: ``rows`` (step, A, B) at the steps both logged (within ``steps``),
+    the largest absolute difference, and whether all values are bitwise equal (NaN equals NaN)."""
     result = {}
-    for key in KEYS:
+    for key in keys:
         if key not in a and key not in b:
             continue
         shared = sorted(set(a.get(key, {})) & set(b.get(key, {})))
@@ -81,12 +90,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     pair.add_argument("runs", type=Path, nargs=2, metavar="RUN", help="metrics of each run (JSONL, log or TB folder)")
     pair.add_argument("--steps", help="FIRST-LAST: compare only these steps (after a resume's checkpoint)")
     pair.add_argument("--out", type=Path, help="write the table here too")
+    pair.add_argument("--all", action="store_true", help="every metric both logged, not only the main ones")
     args = parser.parse_args(argv)
     try:
         if args.out is not None and (problem := output_problem(args.out, "file")):
             raise ReportError(problem)
         steps = parse_steps(args.steps)
-        result = compare(*(read_metrics(path) for path in args.runs), steps)
+        a, b = (read_metrics(path) for path in args.runs)
+        result = compare(a, b, steps, every_key(a, b) if args.all else KEYS)
         if not result:
             raise ReportError(f"neither run logged any of {', '.join(KEYS)}")
     except ReportError as error:

@@ -544,10 +544,18 @@ def recorded_options(args: argparse.Namespace) -> dict[str, str]:
 
 def weights_digest(model) -> str:
     """SHA-256 of a model's weights (names and float32 values, in name order): equal digests, equal models."""
+    return state_digest([model.state_dict()])
+
+
+def state_digest(states: Sequence[dict]) -> str:
+    """SHA-256 of state dicts' tensors (each dict's names and float32 values in name order; a DTensor's local shard,
+    as a checkpoint file of one rank holds it)."""
     digest = hashlib.sha256()
-    for name, tensor in sorted(model.state_dict().items()):
-        digest.update(name.encode())
-        digest.update(tensor.detach().float().cpu().contiguous().numpy().tobytes())
+    for state in states:
+        for name, tensor in sorted(state.items()):
+            tensor = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+            digest.update(name.encode())
+            digest.update(tensor.detach().float().cpu().contiguous().numpy().tobytes())
     return digest.hexdigest()
 
 

@@ -1,5 +1,5 @@
 """The rollout's agent loop under ``determinism=full``: verl's single-turn loop, with a sampling seed of its own for
-every response.
+every response, and rollouts on tape (:class:`RolloutTape`).
 
 verl 0.9.1 seeds every vLLM request of a run alike when ``actor_rollout_ref.rollout.full_determinism`` is on
 (``vllm_async_server.py``, ``generate``: ``sampling_params.setdefault("seed", replica_rank + rollout.seed)``). The n
@@ -16,14 +16,19 @@ verl seeds, names and routes the responses of a group apart.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+import os
+import socket
+from pathlib import Path
 from typing import Any
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopOutput, register
 from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentLoop
+from verl.workers.rollout.replica import TokenOutput
 
-from stapo.config import SEEDED_AGENT_LOOP
+from stapo.config import SEEDED_AGENT_LOOP, TAPE_GLOB
 
 
 def request_seed(seed: int, prompt: Any, *where: Any) -> int:
@@ -36,11 +41,84 @@ def request_seed(seed: int, prompt: Any, *where: Any) -> int:
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") & 0x7FFF_FFFF
 
 
+class TapeError(RuntimeError):
+    """A replayed run asked for a response its recording does not hold (another data set, seed or config)."""
+
+
+def prompt_digest(prompt_ids: list[int]) -> str:
+    return hashlib.sha256(json.dumps(list(prompt_ids)).encode()).hexdigest()[:16]
+
+
+@functools.cache
+def load_tape(folder: str) -> dict[int, dict]:
+    """Every recorded response of ``folder`` by its request's seed. A last line cut short by a kill is left out; a
+    seed recorded twice with different responses (two runs recorded into one folder) is an error."""
+    entries: dict[int, dict] = {}
+    for path in sorted(Path(folder).glob(TAPE_GLOB)):
+        text = path.read_text(encoding="utf-8")
+        for line in text.splitlines()[: None if text.endswith("\n") else -1]:
+            entry = json.loads(line)
+            if entries.setdefault(entry["seed"], entry) != entry:
+                raise TapeError(
+                    f"{folder}: the request of seed {entry['seed']} was recorded twice with different responses "
+                    "(two runs recorded into one folder?); record each run into a folder of its own"
+                )
+    return entries
+
+
+class RolloutTape:
+    """verl's LLM server client with rollouts on tape: records every response it generates into ``folder`` (one
+    JSON line each, keyed by the request's seed, with a digest of its prompt's token ids), or replays them from there
+    without generating. Two runs that replay one recording train on the same rollouts, so what they compute
+    differently is the training side's (FSDP, data order, seeds), not vLLM's batch dependence (issue 54,
+    docs/determinism.md). The seed (:func:`request_seed`) tells every response of a run apart: it needs
+    ``determinism=full``, which the preflight checks."""
+
+    def __init__(self, server: Any, folder: str, replay: bool):
+        self.server, self.folder, self.replay = server, Path(folder), replay
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.server, name)
+
+    async def generate(self, request_id: str, prompt_ids: list[int], sampling_params: dict, **kwargs) -> TokenOutput:
+        seed, digest = sampling_params["seed"], prompt_digest(prompt_ids)
+        if self.replay:
+            entry = load_tape(str(self.folder)).get(seed)
+            if entry is None or entry["prompt"] != digest:
+                found = "no response" if entry is None else "a response to another prompt"
+                raise TapeError(
+                    f"stapo.replay_rollouts={self.folder}: {found} for the request of seed {seed}: the recording "
+                    "comes from another data set, seed, batch or step count; record with this run's settings"
+                )
+            return TokenOutput(**entry["output"])
+        output = await self.server.generate(
+            request_id=request_id, prompt_ids=prompt_ids, sampling_params=sampling_params, **kwargs
+        )
+        line = json.dumps({"seed": seed, "prompt": digest, "output": output.model_dump(mode="json")}) + "\n"
+        self.folder.mkdir(parents=True, exist_ok=True)
+        path = self.folder / TAPE_GLOB.replace("*", f"{socket.gethostname()}-{os.getpid()}")
+        descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:  # one write of a whole line: a kill leaves at most the last line cut short (load_tape skips it)
+            os.write(descriptor, line.encode())
+        finally:
+            os.close(descriptor)
+        return output
+
+
 @register(SEEDED_AGENT_LOOP)
 class SeededSingleTurnAgentLoop(SingleTurnAgentLoop):
     """verl's :class:`SingleTurnAgentLoop` that, under ``rollout.full_determinism``, gives each request the seed of
     :func:`request_seed` (a seed already in ``sampling_params`` is sent instead) and, where verl's V1 worker gave it
-    no place (a ``session_id`` and ``priority`` 0), that seed as its place; otherwise verl's loop unchanged."""
+    no place (a ``session_id`` and ``priority`` 0), that seed as its place; otherwise verl's loop unchanged. With
+    ``stapo.record_rollouts`` or ``stapo.replay_rollouts`` its server client is a :class:`RolloutTape`."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        stapo = self.config.get("stapo") or {}
+        if stapo.get("record_rollouts") or stapo.get("replay_rollouts"):
+            replay = bool(stapo.get("replay_rollouts"))
+            folder = stapo.replay_rollouts if replay else stapo.record_rollouts
+            self.server_manager = RolloutTape(self.server_manager, folder, replay)
 
     async def run(self, sampling_params: dict[str, Any], priority: int = 0, **kwargs) -> AgentLoopOutput:
         if self.rollout_config.full_determinism:

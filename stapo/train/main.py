@@ -73,11 +73,21 @@ def forward_env(config: DictConfig) -> None:
                 env_vars[name] = str(Path(os.environ[name]).absolute())
 
 
+def absolute_tapes(config: DictConfig) -> None:
+    """``stapo.record_rollouts`` and ``stapo.replay_rollouts`` as absolute paths: the agent-loop processes that read
+    them run in another working folder."""
+    with open_dict(config.stapo):
+        for key in ("record_rollouts", "replay_rollouts"):
+            if config.stapo.get(key):
+                config.stapo[key] = str(Path(config.stapo[key]).expanduser().absolute())
+
+
 def run(config: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
     validate(config, overrides=HydraConfig.get().overrides.task)
     forward_env(config)
+    absolute_tapes(config)
     preflight.check_installed()
     from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from stapo.config import SEEDED_AGENT_LOOP, TRAINER_MODE, TRAINER_MODES, StapoConfig, StapoConfigError
+from stapo.config import SEEDED_AGENT_LOOP, TAPE_GLOB, TRAINER_MODE, TRAINER_MODES, StapoConfig, StapoConfigError
 from stapo.tools.io import DataFileError, first_line, model_folder_problems, output_problem
 from stapo.train import attention
 
@@ -108,10 +108,29 @@ def environment_problems(config: DictConfig) -> list[str]:
     """What in this environment would make the run fail or hang: GPUs, data files, model, the checkpoint folder; one
     line each."""
     found = _gpu_problems(config) + _data_problems(config) + _model_problems(config)
+    found += tape_problems(config)
     folder = Path(str(config.trainer.default_local_dir)).expanduser()
     if problem := output_problem(folder, "folder", "trainer.default_local_dir"):
         return [*found, problem]
     return found + resume_problems(config)
+
+
+def tape_problems(config: DictConfig) -> list[str]:
+    """``stapo.record_rollouts`` must be a folder that can be written, ``stapo.replay_rollouts`` one that holds a
+    recording (:class:`stapo.train.agent_loop.RolloutTape`); one line each. Without determinism the tape cannot work
+    at all, which :func:`config_problems` says instead."""
+    stapo = config.get("stapo") or {}
+    if not all(OmegaConf.select(config, key) for key in DETERMINISM):
+        return []
+    found = []
+    if stapo.get("record_rollouts"):
+        found += filter(None, [output_problem(Path(stapo.record_rollouts), "folder", "stapo.record_rollouts")])
+    if stapo.get("replay_rollouts") and not any(Path(stapo.replay_rollouts).glob(TAPE_GLOB)):
+        found.append(
+            f"stapo.replay_rollouts={stapo.replay_rollouts}: no recording there ({TAPE_GLOB}); name the folder a run "
+            "with stapo.record_rollouts wrote"
+        )
+    return found
 
 
 def _gpu_problems(config: DictConfig) -> list[str]:
@@ -480,6 +499,14 @@ def config_problems(config: DictConfig) -> list[str]:
             "vLLM 0.24's compile and the engine fails to start; set it to true (determinism=full does)"
         )
     samples = max(rollout.n, rollout.val_kwargs.n)  # responses a prompt gets in training or validation
+    for key in ("record_rollouts", "replay_rollouts"):
+        if (config.get("stapo") or {}).get(key) and not (
+            full and rollout.agent.default_agent_loop == SEEDED_AGENT_LOOP
+        ):
+            found.append(
+                f"stapo.{key} keys each response by its request's seed, which only determinism=full gives (with the "
+                f"agent loop {SEEDED_AGENT_LOOP}); add determinism=full"
+            )
     if full and samples > 1 and rollout.agent.default_agent_loop != SEEDED_AGENT_LOOP:
         found.append(
             f"actor_rollout_ref.rollout.agent.default_agent_loop={rollout.agent.default_agent_loop}: under "

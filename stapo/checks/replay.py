@@ -1,0 +1,244 @@
+"""Is the training side exact on its own? Runs that train on one recording of rollouts, compared to the bit (issue 54).
+
+    python -m stapo.checks.replay run --model DIR --data DIR --out DIR [--steps 6] [--halt 2 3] [-- OVERRIDE ...]
+    python -m stapo.checks.replay halt --at STEP --checkpoints DIR -- COMMAND ...
+
+vLLM 0.24's generation on an H200 depends on the batch around a request (docs/determinism.md), so two runs of one
+command differ from their first step whatever the trainer does. ``run`` takes vLLM out of the question: a *record*
+run of the recipe's STAPO method (``determinism=full``, ``stapo.record_rollouts``) writes every response it generates;
+a *replay* run (``stapo.replay_rollouts``) trains on those responses without generating, and so, for each ``--halt``
+step K, does a run killed at the step boundary after its checkpoint of step K (``halt``) and then resumed. All of
+them must log the same value of every metric at every step (:func:`stapo.checks.reproduce.every_key`: all but time
+and memory) and end with the same weights (SHA-256 of the last checkpoint's actor files). The replay run and the
+record run trained on the same tokens, so they must agree too.
+
+The runs are the quickstart's tiny-model run (:func:`stapo.quickstart.tiny.tiny_run_overrides`: 16 prompts x 4
+responses a step) on ``--data``'s ``train.parquet``; with 48 prompts there an epoch is 3 steps, so ``--halt 2 3``
+kills one run mid-epoch and one at the epoch's end. The replayed runs share the GPU (a Ray cluster each,
+:func:`stapo.train.clusters.launch`). ``OUT/replay.md`` holds the tables, ``OUT/replay.json`` the verdicts and
+digests; the exit code is 0 when every comparison is equal to the bit, 1 when one differs.
+
+``halt`` runs COMMAND in a process group of its own and kills the group once ``DIR/latest_checkpointed_iteration.txt``
+says STEP, as a preempted job is killed; it exits 0 then, and 1 if COMMAND ended first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from stapo.checks.reproduce import compare, every_key, to_markdown
+from stapo.quickstart.experiment import KV_CACHE_BYTES, TRAINER, state_digest
+from stapo.quickstart.tiny import replace_overrides, tiny_run_overrides
+from stapo.tools.curves import read_metrics
+from stapo.tools.io import hold_folder, output_problem, write_atomic
+from stapo.train.clusters import launch
+
+HALT_POLL_S = 0.5
+"""Seconds between two looks at the checkpoint tracker: a step of the tiny model takes several."""
+STALL_S = 600.0
+"""A run whose log is silent this long is stopped (:func:`stapo.train.clusters.launch`)."""
+
+
+@dataclass(frozen=True)
+class Leg:
+    """One launch: ``name`` (its log folder, ``OUT/runs/NAME``), the run folder it trains in (checkpoints, metrics;
+    a halted run and its resumption share one), the tape key, the step of its one checkpoint before the end (0: only
+    the end) and whether it is killed there."""
+
+    name: str
+    folder: str
+    tape: str
+    halt: int = 0
+    kill: bool = False
+
+
+def overrides(leg: Leg, args: argparse.Namespace) -> list[str]:
+    """Hydra overrides of one leg: the tiny-model run with ``determinism=full``, the tape, a checkpoint at the halt
+    steps (or only at the end) and the KV cache given (runs share the GPU: vLLM must not measure its free memory)."""
+    folder = args.out / leg.folder
+    changes = {
+        "trainer.experiment_name": f"replay_{leg.folder}",
+        "trainer.save_freq": leg.halt or args.steps,
+        "trainer.max_actor_ckpt_to_keep": args.steps,
+        "actor_rollout_ref.actor.checkpoint.save_contents": "[model,optimizer,extra]",
+        "+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes": KV_CACHE_BYTES,
+        "stapo.tau_p": args.tau_p,
+        leg.tape: args.out / "tape",
+        **dict(override.split("=", 1) for override in args.overrides),
+    }
+    base = tiny_run_overrides(args.model, args.data / "train.parquet", folder, steps=args.steps, reward=REWARD)
+    return ["--config-name=stapo", "determinism=full", *replace_overrides(base, changes)]
+
+
+REWARD = "pkg://stapo.tools.reward:compute_score"
+
+
+def weights_digest(checkpoints: Path, step: int) -> str | None:
+    """SHA-256 of the actor's weights in the model files of ``global_step_STEP`` (:func:`state_digest`, rank by
+    rank; the files' bytes differ between equal runs: they pickle the process groups' names), or None without
+    them."""
+    import torch
+
+    files = sorted((checkpoints / f"global_step_{step}" / "actor").glob("model_*.pt"))
+    # weights_only=False: verl pickles DTensors and their device mesh; these files are the check's own runs'
+    return state_digest([torch.load(f, map_location="cpu", weights_only=False) for f in files]) if files else None
+
+
+def verdicts(out: Path, legs: Sequence[str], steps: int) -> tuple[dict, str]:
+    """Each folder of ``legs`` compared with the replay run at every metric and step, and their last weights'
+    digests; the verdicts (JSON-ready) and the tables (Markdown)."""
+    reference = read_metrics(out / "replay" / "metrics.jsonl")
+    record, tables = {"steps": steps, "comparisons": {}, "weights_sha256": {}}, []
+    for folder in ("replay", *legs):
+        record["weights_sha256"][folder] = weights_digest(out / folder / "ckpt", steps)
+    for folder in legs:
+        other = read_metrics(out / folder / "metrics.jsonl")
+        result = compare(reference, other, keys=every_key(reference, other))
+        table = to_markdown(result, ("replay", folder))
+        differ = sorted(key for key, found in result.items() if not found["equal"])
+        logged = {step for found in result.values() for step, _, _ in found["rows"]}
+        record["comparisons"][folder] = {
+            "equal": not differ,
+            "metrics": len(result),
+            "steps": sorted(logged),
+            "differ": differ,
+        }
+        tables.append(f"## replay against {folder}\n\n{table}")
+    digests = set(record["weights_sha256"].values())
+    record["weights_equal"] = len(digests) == 1 and None not in digests
+    record["equal"] = record["weights_equal"] and all(c["equal"] for c in record["comparisons"].values())
+    return record, "\n".join(tables)
+
+
+def halt(at: int, checkpoints: Path, command: Sequence[str]) -> int:
+    """Run ``command`` in a process group of its own; kill the group once ``checkpoints``' tracker says ``at``."""
+    tracker = checkpoints / "latest_checkpointed_iteration.txt"
+    process = subprocess.Popen(list(command), start_new_session=True)
+    while process.poll() is None:
+        if tracker.is_file() and tracker.read_text().strip() == str(at):
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            print(f"halted at the checkpoint of step {at}", flush=True)
+            return 0
+        time.sleep(HALT_POLL_S)
+    print(f"error: the run ended (exit {process.returncode}) before its checkpoint of step {at}", flush=True)
+    return 1
+
+
+def config_problem(args: argparse.Namespace) -> str | None:
+    """Why a leg's config would not pass the trainer's checks (:func:`stapo.train.main.validate`, without files or
+    GPUs), or None: every leg is the record or the replay leg's config but for the tape and the checkpoints."""
+    from hydra import compose, initialize_config_dir
+
+    from stapo.config import CONFIG_DIR
+    from stapo.train.main import validate
+
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        for leg in (Leg("record", "record", "stapo.record_rollouts"), Leg("replay", "replay", "stapo.replay_rollouts")):
+            method, *rest = overrides(leg, args)
+            try:
+                validate(compose(method.split("=", 1)[1], rest), False, args.overrides)
+            except Exception as error:  # Hydra's and the trainer's errors name the key
+                return f"the {leg.name} run's config with the overrides: {error}"
+    return None
+
+
+def check(args: argparse.Namespace) -> str | None:
+    if args.steps < 2:
+        return f"--steps {args.steps}: a replay needs at least 2 steps"
+    if not 0 < args.tau_p <= 1:
+        return f"--tau-p {args.tau_p}: a probability in (0, 1]"
+    if bad := [k for k in args.halt if not 0 < k < args.steps]:
+        return f"--halt {bad[0]}: halt between step 1 and step {args.steps - 1} (--steps {args.steps})"
+    if not (args.model / "config.json").is_file():
+        return f"--model {args.model}: no config.json there; name a Hugging Face model folder"
+    if not (args.data / "train.parquet").is_file():
+        return f"--data {args.data}: no train.parquet there (python -m stapo.quickstart.task word --out DIR)"
+    if malformed := [o for o in args.overrides if "=" not in o or o.startswith("=")]:
+        return f"overrides {' '.join(malformed)}: write each as KEY=VALUE, after '--'"
+    if problem := config_problem(args):
+        return problem
+    if problem := output_problem(args.out, "folder"):
+        return problem
+    if args.out.is_dir() and any(args.out.iterdir()):
+        return f"--out {args.out}: not empty; name a new folder"
+    return hold_folder(args.out)
+
+
+def run(args: argparse.Namespace) -> int:
+    legs = [Leg(f"halt{k}", f"halt{k}", "stapo.replay_rollouts", k, kill=True) for k in args.halt]
+
+    def command(leg: Leg) -> list:
+        train = [*TRAINER, *overrides(leg, args)]
+        if not leg.kill:
+            return train
+        stop = [sys.executable, "-m", "stapo.checks.replay", "halt", "--at", leg.halt]
+        return [*stop, "--checkpoints", args.out / leg.folder / "ckpt", "--", *train]
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a kill stops the runs and their clusters too
+    stages = (
+        [Leg("record", "record", "stapo.record_rollouts")],
+        [Leg("replay", "replay", "stapo.replay_rollouts"), *legs],
+        [Leg(f"{leg.name}-resumed", leg.folder, leg.tape, leg.halt) for leg in legs],
+    )
+    for stage in stages:
+        for leg in stage:  # verl's FileLogger opens its file there and makes no folder
+            (args.out / leg.folder).mkdir(exist_ok=True)
+        codes = launch(stage, command, ["0"] * len(stage), args.out, STALL_S)
+        if failed := sorted(name for name, code in codes.items() if code):
+            print(f"error: {', '.join(failed)} failed (logs: {args.out / 'runs'})", file=sys.stderr)
+            return 2
+    record, tables = verdicts(args.out, ["record", *(leg.folder for leg in legs)], args.steps)
+    verdict = "identical to the bit" if record["equal"] else "differ"
+    write_atomic(args.out / "replay.json", json.dumps(record, indent=1) + "\n")
+    write_atomic(args.out / "replay.md", f"{tables}\nweights: {record['weights_sha256']}\n\nverdict: {verdict}\n")
+    print(f"replayed runs: {verdict} (tables: {args.out / 'replay.md'})")
+    return 0 if record["equal"] else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m stapo.checks.replay", description=__doc__.split("\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    start = commands.add_parser("run", help="record, replay, halt and resume; compare them to the bit")
+    start.add_argument("--model", type=Path, required=True, help="a Hugging Face model folder")
+    start.add_argument("--data", type=Path, required=True, help="a task folder with train.parquet")
+    start.add_argument("--out", type=Path, required=True, help="a new folder for the runs and the verdicts")
+    start.add_argument("--steps", type=int, default=6)
+    start.add_argument("--halt", type=int, nargs="*", default=[2, 3], help="steps to kill a replayed run after")
+    start.add_argument("--tau-p", type=float, default=0.02, help="stapo.tau_p (a 135M model's vocabulary is small)")
+    start.add_argument("overrides", nargs="*", help="Hydra overrides for every run, after --")
+    stop = commands.add_parser("halt", help="run COMMAND; kill it at the checkpoint of step --at")
+    stop.add_argument("--at", type=int, required=True)
+    stop.add_argument("--checkpoints", type=Path, required=True, help="the run's trainer.default_local_dir")
+    stop.add_argument("cmd", nargs="+", metavar="COMMAND")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "halt":
+        if problem := (
+            (f"--at {args.at}: a step, 1 or more" if args.at < 1 else None)
+            or output_problem(args.checkpoints, "folder", "--checkpoints")
+            or (None if shutil.which(args.cmd[0]) else f"COMMAND {args.cmd[0]}: no such program")
+        ):
+            parser.exit(2, f"error: {problem}\n")
+        raise SystemExit(halt(args.at, args.checkpoints, args.cmd))
+    if problem := check(args):
+        parser.exit(2, f"error: {problem}\n")
+    raise SystemExit(run(args))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,145 @@
+"""``python -m stapo.checks.replay``: record, replay, halt and resume, each run in a real Ray cluster of its own
+(:func:`stapo.train.clusters.launch`), with the trainer stood in (verl's needs a GPU: tests/standins.py ``train``, which
+composes and checks each run's config, writes verl's metrics and checkpoints, and resumes as verl does). What the
+stand-in cannot show, that the tape gives a replayed run the recorded rollouts, tests/test_agent_loop.py shows."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import standins
+from hydra import compose, initialize_config_dir
+
+from stapo.checks import replay
+from stapo.config import CONFIG_DIR
+from stapo.quickstart.run import build
+from stapo.train import clusters
+from stapo.train.main import validate
+
+
+@pytest.fixture(scope="module")
+def task(tmp_path_factory):
+    _, paths, model = build(tmp_path_factory.mktemp("replay"), 0, 48, 8, hidden_size=32, num_layers=1)
+    return model, paths["train"].parent
+
+
+def args(tmp_path, task, *extra):
+    model, data = task
+    return ["run", "--model", str(model), "--data", str(data), "--out", str(tmp_path / "out"), *extra]
+
+
+def test_record_replay_halt_and_resume_compare_to_the_bit(tmp_path, task, monkeypatch, foreign_ray_ignored):
+    monkeypatch.setattr(clusters, "HANDOVER_S", 1.0)
+    monkeypatch.setattr(replay, "TRAINER", [sys.executable, str(standins.HERE), "train"])
+    monkeypatch.setenv("STANDIN_STEP_S", "1")  # the halt must see the checkpoint before the run ends
+    with pytest.raises(SystemExit) as done:
+        replay.main(args(tmp_path, task, "--steps", "4", "--halt", "2"))
+    out = tmp_path / "out"
+    assert done.value.code == 0, "\n".join(log.read_text()[-1500:] for log in (out / "runs").glob("*/train.log"))
+    assert "halted at the checkpoint of step 2" in (out / "runs" / "halt2" / "train.log").read_text()
+    assert "step:3" not in (out / "runs" / "halt2" / "train.log").read_text()  # killed before it logged step 3
+    assert "step:1" not in (out / "runs" / "halt2-resumed" / "train.log").read_text()  # resumed after step 2
+    record = json.loads((out / "replay.json").read_text())
+    assert record["equal"] and record["weights_equal"]
+    assert set(record["weights_sha256"]) == {"replay", "record", "halt2"}
+    assert all(c["steps"] == [1, 2, 3, 4] and c["metrics"] > 3 for c in record["comparisons"].values())
+    assert (out / "halt2" / "metrics.1.jsonl").is_file()  # the steps before the halt, set aside on resume
+    assert (out / "replay.md").read_text().endswith("verdict: identical to the bit\n")
+    foreign_ray_ignored()
+
+
+def test_every_run_has_the_tape_and_determinism(tmp_path, task):
+    """The record run writes the tape, every other run replays it, all under determinism=full, and each run's
+    config passes the trainer's checks; a halted run and its resumption save at the halt step."""
+    parsed = replay.argparse.Namespace(
+        model=task[0], data=task[1], out=tmp_path, steps=6, halt=[2, 3], tau_p=0.02, overrides=[]
+    )
+    legs = [
+        replay.Leg("record", "record", "stapo.record_rollouts"),
+        replay.Leg("halt3", "halt3", "stapo.replay_rollouts", 3, kill=True),
+    ]
+    for leg, tape in zip(legs, ("record_rollouts", "replay_rollouts"), strict=True):
+        argv = replay.overrides(leg, parsed)
+        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+            config = compose(argv[0].split("=")[1], argv[1:])
+        validate(config, environment=False)
+        assert config.stapo[tape] == str(tmp_path / "tape") and config.actor_rollout_ref.rollout.full_determinism
+        assert config.trainer.save_freq == (3 if leg.halt else 6)
+        assert config.trainer.default_local_dir == str(tmp_path / leg.folder / "ckpt")
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--steps", "1"], "--steps 1: a replay needs at least 2 steps"),
+        (["--halt", "6"], "--halt 6: halt between step 1 and step 5"),
+    ],
+)
+def test_bad_options_stop_before_any_run(tmp_path, task, capsys, extra, message):
+    with pytest.raises(SystemExit) as done:
+        replay.main(args(tmp_path, task, *extra))
+    assert done.value.code == 2 and capsys.readouterr().err.startswith(f"error: {message}")
+    assert not (tmp_path / "out").exists()
+
+
+def test_halt_reports_a_run_that_ended_first(tmp_path, capsys):
+    code = replay.halt(3, tmp_path, [sys.executable, "-c", "pass"])
+    assert code == 1 and "ended (exit 0) before its checkpoint of step 3" in capsys.readouterr().out
+    Path(tmp_path / "latest_checkpointed_iteration.txt").write_text("3")
+    assert replay.halt(3, tmp_path, [sys.executable, "-c", "import time; time.sleep(60)"]) == 0
+
+
+STANDIN = """#!{python}
+import json, os, sys
+with open({calls!r}, "a") as calls:
+    calls.write(" ".join(sys.argv[1:]) + f" ({{os.environ.get('CUBLASLT_WORKSPACE_SIZE')}})\\n")
+if sys.argv[2:4] == ["stapo.checks.batch_invariance", "run"]:
+    out = sys.argv[sys.argv.index("--out") + 1]
+    counts = {{"responses": 0, "tokens": 0, "logprobs": 0, "max_logprob_gap": 0.0}}
+    record = {{"setting": sys.argv[sys.argv.index("--setting") + 1], "greedy": False, "eager": True, "requests": 48,
+              "compositions": {{"together": counts, "again": counts}}}}
+    open(out, "w").write(json.dumps(record))
+elif sys.argv[2:4] == ["stapo.checks.batch_invariance", "table"]:
+    from stapo.checks.batch_invariance import main
+    main(sys.argv[3:])
+"""
+
+
+def test_the_gpu_script_probes_every_setting_beside_the_replay(tmp_path):
+    """scripts/gpu/determinism.sh as printed, from a folder that does not exist yet, with a stand-in for the Python
+    that needs a GPU (it records each command and writes a probe's record): six probes (two with vLLM's SM90 cuBLAS
+    variables preset), the task, the replay check with arguments its real parser accepts and a config that passes
+    the trainer's checks, and the table of the six records."""
+    import shlex
+    import subprocess
+
+    calls = tmp_path / "calls"
+    standin = tmp_path / "python"
+    standin.write_text(STANDIN.format(python=sys.executable, calls=str(calls)))
+    standin.chmod(0o755)
+    script = Path(__file__).parents[1] / "scripts" / "gpu" / "determinism.sh"
+    out = tmp_path / "new" / "det"
+    (out / "smollm2" / "raw").mkdir(parents=True)
+    (out / "smollm2" / "raw" / "config.json").write_text("{}")  # converted before: not again
+    env = {"PATH": "/usr/bin:/bin", "STAPO_PYTHON": str(standin), "PYTHONPATH": str(Path(__file__).parents[1])}
+    done = subprocess.run(["bash", str(script), str(out)], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    lines = calls.read_text().splitlines()
+    probes = sorted(line.split("--out ")[1].split()[0].rsplit("/", 1)[1] for line in lines if " run --model" in line
+                    and "batch_invariance" in line)  # fmt: skip
+    assert probes == [f"{name}.json" for name in ("fa2-cublas", "fa2", "fa3-cublas", "fa3", "flex", "triton")]
+    assert "stapo.tools.pretrained" not in calls.read_text()
+    preset = {line.split("--out ")[1].split()[0].rsplit("/", 1)[1] for line in lines if line.endswith(" (1)")}
+    assert preset == {"fa3-cublas.json", "fa2-cublas.json"}
+    (replay_line,) = [line for line in lines if line.startswith("-m stapo.checks.replay")]
+    args = replay.build_parser().parse_args(shlex.split(replay_line)[2:-1])
+    assert args.data == out / "task" and args.model == out / "smollm2" / "raw" and args.halt == [2, 3]
+    assert replay.config_problem(args) is None
+    assert lines[-1].startswith("-m stapo.checks.batch_invariance table") and lines[-1].count(".json") == 6
+    assert (out / "invariance" / "table.md").read_text().count("| again |") == 6
+    assert "-m stapo.quickstart.task word --difficulty 1 --train 48" in calls.read_text()
+    usage = subprocess.run(["bash", str(script), "--help"], capture_output=True, text=True)
+    assert usage.returncode == 0 and "Issue 54 on one GPU" in usage.stdout
+    refused = subprocess.run(["bash", str(script), "x", "--srcx", "y"], capture_output=True, text=True)
+    assert refused.returncode == 2 and "unknown option" in refused.stderr
