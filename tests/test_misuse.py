@@ -163,6 +163,15 @@ ENTRIES = {
     "stapo.checks.batch_invariance table": Entry(
         ("table", "{A}/invariance.json"), work=("stapo.checks.batch_invariance:table",)
     ),
+    "stapo.checks.startup run": Entry(
+        ("run", "true", "--out", "{W}/startup"), work=("stapo.checks.startup:launch",), kinds={"command": "text"}
+    ),
+    "stapo.checks.startup phases": Entry(("phases", str(FIXTURES / "startup_train.log"), "--out", "{W}/phases.json")),
+    "stapo.checks.startup imports": Entry(
+        ("imports", "--out", "{W}/imports.json"),
+        work=("stapo.checks.startup:time_imports",),
+        kinds={"--module": "text"},
+    ),
     "stapo.tools.evidence card": Entry(
         ("card", "--out", "{W}/record", "--commit", "abc1234", "--command", "true"),
         work=("stapo.tools.evidence:card",),
