@@ -77,6 +77,8 @@ ADDED_ENV = {
     "RAY_COLOR_PREFIX": "0",
 }
 """What ``run`` adds to the command's environment (module docstring)."""
+RECORDED_ENV = ("STAPO_STARTUP_CUTS", "PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX", "CUDA_VISIBLE_DEVICES")
+"""The launching environment's settings that change start-up, kept in ``phases.json``."""
 
 
 # ---------------------------------------------------------------------------------------------------------- phases
@@ -226,7 +228,8 @@ def launch(command: Sequence[str], out: Path, timeout_s: float) -> dict:
         lines = read_log(out / "train.log")
     except StartupError:  # the command printed nothing
         lines = []
-    result = {"command": list(command), **phases(lines, stopped)}
+    shown = {name: os.environ.get(name) for name in RECORDED_ENV}
+    result = {"command": list(command), "environment": shown, **phases(lines, stopped)}
     write_atomic(out / "phases.json", json.dumps(result, indent=1) + "\n")
     return result
 
