@@ -176,3 +176,51 @@ def test_imports_command_writes_json(tmp_path, capsys):
     startup.main(["imports", "--out", str(out), "--module", "json=json"])
     assert list(json.loads(out.read_text())["kinds"]) == ["json"]
     assert "| json |" in capsys.readouterr().out
+
+
+def test_the_gpu_script_runs_both_launches_with_the_cuts_off_and_on(tmp_path):
+    """scripts/gpu/startup.sh with a stand-in for the Python that would train (it needs a GPU): the model and task
+    once, then each launch through `startup run` with STAPO_STARTUP_CUTS none (and verl's 8 storage units) and all;
+    the training overrides compose with the real config and pass the trainer's checks; --cold removes bytecode."""
+    import shlex
+    import subprocess
+
+    from hydra import compose, initialize_config_dir
+
+    from stapo.config import CONFIG_DIR
+    from stapo.train.main import validate
+
+    calls, standin = tmp_path / "calls", tmp_path / "python"
+    standin.write_text(f'#!/bin/sh\nprintf "cuts=%s %s\\n" "$STAPO_STARTUP_CUTS" "$*" >> {calls}\n')
+    standin.chmod(0o755)
+    (tmp_path / "tok").mkdir()
+    (tmp_path / "tok" / "tokenizer_config.json").write_text("{}")
+    cache = tmp_path / "site" / "pkg" / "__pycache__"
+    cache.mkdir(parents=True)
+    script = Path(__file__).parents[1] / "scripts" / "gpu" / "startup.sh"
+    done = subprocess.run(
+        ["bash", str(script), str(tmp_path / "out"), str(tmp_path / "tok"), "both", "--cold", str(tmp_path / "site")],
+        env={"PATH": "/usr/bin:/bin", "STAPO_PYTHON": str(standin)},
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    assert not cache.exists()
+    lines = calls.read_text().splitlines()
+    assert [line.split()[2] for line in lines] == [
+        "stapo.checks.scale",
+        "stapo.quickstart.task",
+        *["stapo.checks.startup"] * 2,
+    ]
+    runs = [shlex.split(line) for line in lines[2:]]
+    assert [run[0] for run in runs] == ["cuts=none", "cuts=all"]
+    assert runs[0][-1] == "transfer_queue.backend.SimpleStorage.num_data_storage_units=8"
+    for run in runs:
+        command = run[run.index("--") + 1 :]
+        assert command[:4] == ["bash", "scripts/train.sh", "stapo", "qwen3_1.7b"]
+        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+            config = compose("stapo", overrides=["size=qwen3_1.7b", *command[4:]])
+        validate(config, environment=False)
+        assert config.trainer.n_gpus_per_node == 1 and config.trainer.val_before_train is False
+    refused = subprocess.run(["bash", str(script), "x", str(tmp_path / "tok"), "fast"], capture_output=True, text=True)
+    assert refused.returncode == 2 and "off, on, both or imports" in refused.stderr
