@@ -173,6 +173,15 @@ ENTRIES = {
         work=("stapo.checks.replay:halt",),
         kinds={"cmd": "text", "--checkpoints": "out-folder"},
     ),
+    "stapo.checks.startup run": Entry(
+        ("run", "true", "--out", "{W}/startup"), work=("stapo.checks.startup:launch",), kinds={"command": "text"}
+    ),
+    "stapo.checks.startup phases": Entry(("phases", str(FIXTURES / "startup_train.log"), "--out", "{W}/phases.json")),
+    "stapo.checks.startup imports": Entry(
+        ("imports", "--out", "{W}/imports.json"),
+        work=("stapo.checks.startup:time_imports",),
+        kinds={"--module": "text"},
+    ),
     "stapo.tools.evidence card": Entry(
         ("card", "--out", "{W}/record", "--commit", "abc1234", "--command", "true"),
         work=("stapo.tools.evidence:card",),

@@ -20,7 +20,7 @@ import hydra
 from omegaconf import DictConfig, open_dict
 
 from stapo.config import CONFIG_DIR, StapoConfig, StapoConfigError, methods, sizes
-from stapo.train import preflight
+from stapo.train import preflight, startup_cuts
 
 
 class ConfigError(RuntimeError):
@@ -33,6 +33,10 @@ def validate(config: DictConfig, environment: bool = True, overrides: Sequence[s
     too), then verl's own config rules. Raises :class:`ConfigError` with one line per problem."""
     counts = preflight.count_problems(config) + preflight.added_key_problems(config, overrides)  # first: the checks
     # below compute with these
+    try:
+        startup_cuts.selected()
+    except ValueError as error:
+        counts.append(str(error))
     if counts:
         raise ConfigError("\n".join(counts))
     try:
@@ -89,6 +93,9 @@ def run(config: DictConfig) -> None:
     forward_env(config)
     absolute_tapes(config)
     preflight.check_installed()
+    for line in startup_cuts.apply(config):
+        print(f"STAPO: {line}")
+    startup_cuts.forward(config)
     from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
 
     run_ppo(config, task_runner_class=TaskRunnerV1)

@@ -79,6 +79,10 @@ POLL_INTERVAL_S = 0.2
 configurable). At 2 s a step's generation is rounded up to a multiple of 2 s: short runs measured 2.1 or 4.1 s for
 the same work (docs/history.md, section 6); each look is one metadata listing, cheap at paper scale too."""
 
+FIRST_STEP_LINE = "STAPO: step {step} begins"
+"""Printed when the run's first step (after a resume: the first of this launch) begins: start-up ends here
+(``python -m stapo.checks.startup`` times the launch up to this line)."""
+
 RANDOM_SEED_STRIDE = 1000
 """``stapo.silence=random`` draws mini-batch g of step s with seed 1000·s + g: reproducible, distinct per step."""
 
@@ -240,6 +244,9 @@ class STAPOMixin:
         """verl's step; when it made several local updates (``parameter_sync_step`` > 1, ``separate_async``), the
         mask's counts and shares are logged for the whole step (:func:`stapo.train.metrics.step_metrics`), not as
         verl's mean over the updates."""
+        if not getattr(self, "_started", False):
+            print(FIRST_STEP_LINE.format(step=self.global_steps), flush=True)
+            self._started = True
         self._updates: list[dict] = []
         batch = super().step(metrics, timing_raw)
         if len(self._updates) > 1:

@@ -168,6 +168,37 @@ WORKAROUNDS = (
         "verl stops setting VLLM_DISABLE_COMPILE_CACHE=1 in trainer/constants_ppo.py",
     ),
     Workaround(
+        "stapo.train.startup_cuts:register_recipe_modules",
+        "verl 0.9.1 imports every plugin in every process that imports verl (verl/__init__.py) and registers trainer "
+        "modes and agent loops only as classes: the recipe's trainers and agent loop cost about 2 s of imports in the "
+        "driver, the FSDP, reward and vLLM processes, which never use them (start-up: verl issue #384; cut "
+        "lazy_plugin, STAPO_STARTUP_CUTS)",
+        "verl registers plugins' trainers and agent loops by name ('module:Class') or loads plugins per role",
+    ),
+    Workaround(
+        "stapo.train.startup_cuts:uni_executor",
+        "verl 0.9.1 starts every vLLM replica with distributed_executor_backend=mp (vllm_async_server.py, "
+        "launch_server), so a one-GPU replica spawns a worker process beside vLLM 0.24's engine process, and vLLM "
+        "forces spawn inside a Ray actor (_maybe_force_spawn): one more Python importing torch, vLLM and verl before "
+        "the first step (verl issue #384; cut uni_executor, STAPO_STARTUP_CUTS)",
+        "verl leaves a one-GPU replica to vLLM's default executor (uni)",
+    ),
+    Workaround(
+        "stapo.train.startup_cuts:precompile",
+        "installs without bytecode (pip --no-compile, the GPU bundle) compile each module in the first process that "
+        "imports it, and verl 0.9.1 starts its processes one generation after another, each paying its share "
+        "(verl issue #384; cut bytecode, STAPO_STARTUP_CUTS)",
+        "every install the recipe runs on ships bytecode (pip's default); the cut then only compares timestamps",
+    ),
+    Workaround(
+        "configs/size/qwen3_1.7b.yaml:transfer_queue.backend.SimpleStorage.num_data_storage_units",
+        "verl 0.9.1 starts 8 TransferQueue storage units on any cluster (trainer/config/transfer_queue/"
+        "transfer_queue.yaml), each a process importing torch at start-up and holding one of Ray's CPUs for the run; "
+        "on one node 2 (TransferQueue 0.1.11's own default, its advice: 2 per node) hold the same data (also "
+        "configs/size/smollm2_135m.yaml; verl issue #384)",
+        "verl sizes the storage units by the cluster's nodes",
+    ),
+    Workaround(
         "stapo.tools.pretrained:convert",
         "transformers 5.17 refuses save_pretrained on a GGUF-loaded model; its GGUF tokenizer import names "
         "<|im_start|> as SmolLM2's EOS; gguf 0.19 fails to import beside vLLM's mistral_common (_import_gguf)",
