@@ -100,13 +100,13 @@ def _running(pid: int) -> bool:
         return False
 
 
-def launch_stand_in(tmp_path, last_line: str, timeout: float) -> tuple[dict, list[int], float]:
+def launch_stand_in(tmp_path, last_line: str, timeout: float, until: str = "ends") -> tuple[dict, list[int], float]:
     script = tmp_path / "stand_in.py"
     script.write_text(STAND_IN)
     pids = tmp_path / "pids"
     start = time.monotonic()
     command = [sys.executable, str(script), str(pids), last_line]
-    result = startup.launch(command, tmp_path / "out", timeout)
+    result = startup.launch(command, tmp_path / "out", timeout, until)
     return result, [int(p) for p in pids.read_text().split()], time.monotonic() - start
 
 
@@ -122,6 +122,14 @@ def test_run_stops_the_command_after_its_first_step(tmp_path):
     log = (tmp_path / "out" / "train.log").read_text()
     assert re.search(r"^ +\d+\.\d\d \| levels INFO 1$", log, re.M)  # stderr merged, the environment added
     assert json.loads((tmp_path / "out" / "phases.json").read_text())["markers"] == result["markers"]
+
+
+def test_run_stops_when_the_first_step_begins_by_default(tmp_path):
+    """``--until begins`` (the default): start-up ends at the trainer's 'STAPO: step 1 begins'; the step itself, minutes
+    at a real shape, is not waited for."""
+    result, pids, _ = launch_stand_in(tmp_path, "(TaskRunnerV1 pid=11) STAPO: step 1 begins", 120, until="begins")
+    assert result["stopped"] == "the first step began" and not any(alive(pid) for pid in pids)
+    assert marker(result, "first step begins")["at_s"] > 0.7 and marker(result, "first step ends")["at_s"] is None
 
 
 def test_run_stops_at_the_timeout(tmp_path):

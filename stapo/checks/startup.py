@@ -1,6 +1,6 @@
 """Where a launch spends its time before the first step, process by process (issue 55).
 
-    python -m stapo.checks.startup run --out DIR [--timeout S] -- COMMAND ...
+    python -m stapo.checks.startup run --out DIR [--timeout S] [--until begins|ends] -- COMMAND ...
     python -m stapo.checks.startup phases LOG [--out JSON]
     python -m stapo.checks.startup imports --out JSON [--module KIND=MODULE[,MODULE]] ...
 
@@ -8,10 +8,11 @@
 ``VERL_LOGGING_LEVEL=INFO``, ``TQ_LOGGING_LEVEL=INFO`` (TransferQueue's set-up lines), ``PYTHONUNBUFFERED=1``,
 ``RAY_DEDUP_LOGS=0`` (every process's lines, not Ray's summaries) and ``RAY_COLOR_PREFIX=0`` added to its
 environment, and writes each line it prints (stdout and stderr merged) to ``DIR/train.log`` as ``  12.34 | line``,
-the seconds since launch. When the first step's metrics line arrives (verl's console logger:
-``step:1 - key:value - ...``, ``verl/utils/logger/aggregate_logger.py``) or at ``--timeout``, it kills the process
-group and writes ``DIR/phases.json`` and the phase table. Ray's own services may outlive the group: ending them
-(``ray stop --force``) is the caller's business. ``phases`` reads such a log again. ``imports`` times a fresh
+the seconds since launch. When the first step begins (the recipe's trainer prints ``STAPO: step 1 begins``) or, with
+``--until ends``, when its metrics line arrives (verl's console logger: ``step:1 - key:value - ...``,
+``verl/utils/logger/aggregate_logger.py``), or at ``--timeout``, it kills the process group and writes
+``DIR/phases.json`` and the phase table. Ray's own services may outlive the group: ending them (``ray stop --force``)
+is the caller's business. ``phases`` reads such a log again. ``imports`` times a fresh
 interpreter importing each process kind's entry modules, with no bytecode yet (as after ``pip install --no-compile``)
 and again with it; docs/startup.md says what the numbers mean.
 """
@@ -65,6 +66,8 @@ vLLM 0.24 puts on its own processes' lines (``vllm/utils/system_utils.py:decorat
 ``Worker``), the recipe's trainer (:data:`stapo.train.trainer.FIRST_STEP_LINE`) and verl's console logger."""
 
 FIRST_STEP_END = MARKERS[-1][1]
+UNTIL = {"begins": MARKERS[-2][1], "ends": FIRST_STEP_END}
+"""``run --until``: stop when the first step begins (start-up is over: the default) or when its metrics arrive."""
 LINE = re.compile(r"^\s*(\d+\.\d+) \| (.*)$")
 PREFIX = re.compile(r"^(?:\((\w+) pid=(\d+)(?:, ip=[^)]*)?\) )+")
 INNERMOST = re.compile(r"\((\w+) pid=(\d+)(?:, ip=[^)]*)?\) $")
@@ -191,12 +194,12 @@ def _stop(process: subprocess.Popen, grace_s: float = 10.0) -> None:
     process.wait()
 
 
-def _follow(process: subprocess.Popen, log, timeout_s: float, start: float) -> str:
-    """Copy the command's lines into ``log`` with their times until the first step ends, the command exits or
-    ``timeout_s`` passes; returns which."""
+def _follow(process: subprocess.Popen, log, timeout_s: float, start: float, until: str) -> str:
+    """Copy the command's lines into ``log`` with their times until the first step begins or ends (``until``), the
+    command exits or ``timeout_s`` passes; returns which."""
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=_reader, args=(process.stdout, lines), daemon=True).start()
-    end_of_step = re.compile(FIRST_STEP_END)
+    end_of_step = re.compile(UNTIL[until])
     while (left := start + timeout_s - time.monotonic()) > 0:
         try:
             line = lines.get(timeout=min(left, 1.0))
@@ -207,11 +210,11 @@ def _follow(process: subprocess.Popen, log, timeout_s: float, start: float) -> s
         log.write(f"{time.monotonic() - start:8.2f} | {line}\n")
         log.flush()
         if end_of_step.search(ANSI.sub("", line)):
-            return "the first step ended"
+            return f"the first step {'began' if until == 'begins' else 'ended'}"
     return f"timeout after {timeout_s:g} s"
 
 
-def launch(command: Sequence[str], out: Path, timeout_s: float) -> dict:
+def launch(command: Sequence[str], out: Path, timeout_s: float, until: str = "begins") -> dict:
     """Run ``command`` as the module docstring says; returns the phases (also in ``out/phases.json``)."""
     out.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, **ADDED_ENV}
@@ -221,7 +224,7 @@ def launch(command: Sequence[str], out: Path, timeout_s: float) -> dict:
     )
     try:
         with (out / "train.log").open("w", encoding="utf-8") as log:
-            stopped = _follow(process, log, timeout_s, start)
+            stopped = _follow(process, log, timeout_s, start, until)
     finally:
         _stop(process)
     try:
@@ -356,6 +359,7 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("command", nargs="+", help="the launch, after --: e.g. -- bash scripts/train.sh stapo ...")
     run.add_argument("--out", type=Path, required=True, help="a new folder: train.log, phases.json")
     run.add_argument("--timeout", type=float, default=1800.0, help="seconds before the command is stopped")
+    run.add_argument("--until", choices=sorted(UNTIL), default="begins", help="stop when the first step begins or ends")
     read = commands.add_parser("phases", help="the phase table of a train.log written by run")
     read.add_argument("log", type=Path)
     read.add_argument("--out", type=Path, help="write the phases as JSON here too")
@@ -371,7 +375,7 @@ def _run(args: argparse.Namespace) -> str:
     ]
     if problems:
         raise StartupError(problems[0])
-    return table(launch(args.command, args.out, args.timeout))
+    return table(launch(args.command, args.out, args.timeout, args.until))
 
 
 def _phases(args: argparse.Namespace) -> str:
