@@ -63,8 +63,9 @@ class Leg:
 
 
 def overrides(leg: Leg, args: argparse.Namespace) -> list[str]:
-    """Hydra overrides of one leg: the tiny-model run with ``determinism=full``, the tape, a checkpoint at the halt
-    steps (or only at the end) and the KV cache given (runs share the GPU: vLLM must not measure its free memory)."""
+    """Hydra overrides of one leg: the tiny-model run with ``determinism=full``, prompts of up to 192 tokens and
+    responses of up to 128, the tape, a checkpoint at the halt steps (or only at the end) and the KV cache given (runs
+    share the GPU: vLLM must not measure its free memory)."""
     folder = args.out / leg.folder
     changes = {
         "trainer.experiment_name": f"replay_{leg.folder}",
@@ -73,6 +74,8 @@ def overrides(leg: Leg, args: argparse.Namespace) -> list[str]:
         "actor_rollout_ref.actor.checkpoint.save_contents": "[model,optimizer,extra]",
         "+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes": KV_CACHE_BYTES,
         "stapo.tau_p": args.tau_p,
+        "data.max_prompt_length": 192,  # SmolLM2's chat template and a word problem: no prompt filtered out
+        "data.max_response_length": 128,
         leg.tape: args.out / "tape",
         **dict(override.split("=", 1) for override in args.overrides),
     }
