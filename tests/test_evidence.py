@@ -99,3 +99,28 @@ def test_collect_keeps_the_small_records_of_an_experiment(tmp_path):
     assert (
         gzip.decompress((tmp_path / "rec/runs/stapo-s10/metrics.jsonl.gz").read_bytes()).decode().startswith('{"step"')
     )
+
+
+def test_the_new_records_fail_the_check_when_a_number_changes(copy):
+    """The determinism and start-up records: a changed phase time, a differing replay comparison or an edited probe
+    table each fail the check on their own block."""
+    phases = copy / "evidence/startup-1.7b/on/phases.json"
+    found = json.loads(phases.read_text())
+    found["markers"][-2]["at_s"] += 60  # "first step begins"
+    phases.write_text(json.dumps(found))
+    replayed = copy / "evidence/determinism-h200/replay/replay.json"
+    found = json.loads(replayed.read_text())
+    found["comparisons"]["halt3"] |= {"equal": False, "differ": ["actor/grad_norm"]}
+    replayed.write_text(json.dumps(found))
+    table = copy / "evidence/determinism-h200/invariance/table.md"
+    table.write_text(table.read_text().replace("| single | 14 / 48 |", "| single | 0 / 48 |", 1))
+    done = check(copy)
+    assert done.returncode == 1
+    for block in ("startup startup-1.7b off on", "replay determinism-h200", "markdown determinism-h200 invariance"):
+        assert block in done.stdout, done.stdout
+    shown = evidence.replay_block(copy, "determinism-h200")
+    assert "| halt3 | 91 | 1, 2, 3, 4, 5, 6 | none | actor/grad_norm | DIFFERENT |" in shown
+    assert "| halt2 | 91 | 1, 3, 4, 5, 6 | 2 (its line lost at the kill) | none | equal to the bit |" in shown
+    assert "| first step begins | 364.1 (+3.4) | 240.4 (+1.8) |" in evidence.startup_block(
+        copy, "startup-1.7b", "off", "on"
+    )

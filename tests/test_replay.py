@@ -43,7 +43,8 @@ def test_record_replay_halt_and_resume_compare_to_the_bit(tmp_path, task, monkey
     record = json.loads((out / "replay.json").read_text())
     assert record["equal"] and record["weights_equal"]
     assert set(record["weights_sha256"]) == {"replay", "record", "halt2"}
-    assert all(c["steps"] == [1, 2, 3, 4] and c["metrics"] > 3 for c in record["comparisons"].values())
+    assert all(set(c["steps"]) | {2} == {1, 2, 3, 4} and c["metrics"] > 3 for c in record["comparisons"].values())
+    assert record["comparisons"]["record"]["missing"] == []
     assert (out / "halt2" / "metrics.1.jsonl").is_file()  # the steps before the halt, set aside on resume
     assert (out / "replay.md").read_text().endswith("verdict: identical to the bit\n")
     foreign_ray_ignored()
@@ -143,3 +144,28 @@ def test_the_gpu_script_probes_every_setting_beside_the_replay(tmp_path):
     assert usage.returncode == 0 and "Issue 54 on one GPU" in usage.stdout
     refused = subprocess.run(["bash", str(script), "x", "--srcx", "y"], capture_output=True, text=True)
     assert refused.returncode == 2 and "unknown option" in refused.stderr
+
+
+def test_a_missing_step_fails_unless_a_kill_took_its_log_line(tmp_path, monkeypatch):
+    """verl writes a step's checkpoint before it logs the step: a run halted at step 2 may miss step 2's line (on the
+    H200, halt2 did), which passes; a run missing any other step fails, as does a differing value."""
+    from verl.utils.tracking import FileLogger
+
+    def log(folder, steps, entropy=0.5):
+        (tmp_path / folder).mkdir()
+        monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(tmp_path / folder / "metrics.jsonl"))
+        logger = FileLogger("stapo", "replay")
+        for step in steps:
+            logger.log({"actor/entropy": entropy if step == 3 else 0.5, "actor/lr": 1e-6, "timing_s/step": step}, step)
+        logger.finish()
+
+    log("replay", [1, 2, 3, 4])
+    log("halt2", [1, 3, 4])
+    log("record", [1, 2, 4])
+    log("other", [1, 2, 3, 4], entropy=0.5 + 2**-20)
+    found, tables = replay.comparisons(tmp_path, {"halt2": 2, "record": 0, "other": 0}, 4)
+    assert found["halt2"]["equal"] and found["halt2"]["missing"] == [2]
+    assert not found["record"]["equal"] and found["record"]["missing"] == [3]
+    assert not found["other"]["equal"] and found["other"]["differ"] == ["actor/entropy"]
+    assert found["other"]["metrics"] == 2  # actor/entropy and actor/lr; the step time is never compared
+    assert "## replay against other" in tables

@@ -97,30 +97,40 @@ def weights_digest(checkpoints: Path, step: int) -> str | None:
     return state_digest([torch.load(f, map_location="cpu", weights_only=False) for f in files]) if files else None
 
 
-def verdicts(out: Path, legs: Sequence[str], steps: int) -> tuple[dict, str]:
-    """Each folder of ``legs`` compared with the replay run at every metric and step, and their last weights'
-    digests; the verdicts (JSON-ready) and the tables (Markdown)."""
+def comparisons(out: Path, legs: dict[str, int], steps: int) -> tuple[dict, str]:
+    """Each run folder of ``legs`` (folder -> its halt step, 0 for none) compared with the replay run at every metric
+    (:func:`stapo.checks.reproduce.every_key`) and step: per folder, whether every value is equal, the metrics and
+    steps compared, those that differ and the steps missing. A halted run may miss its halt step (verl 0.9.1 writes a
+    step's checkpoint before it logs the step's metrics: a kill in between loses that line, not the step); any other
+    missing step fails. The verdicts (JSON-ready) and the tables (Markdown)."""
     reference = read_metrics(out / "replay" / "metrics.jsonl")
-    record, tables = {"steps": steps, "comparisons": {}, "weights_sha256": {}}, []
-    for folder in ("replay", *legs):
-        record["weights_sha256"][folder] = weights_digest(out / folder / "ckpt", steps)
-    for folder in legs:
+    found, tables = {}, []
+    for folder, halt_step in legs.items():
         other = read_metrics(out / folder / "metrics.jsonl")
         result = compare(reference, other, keys=every_key(reference, other))
-        table = to_markdown(result, ("replay", folder))
-        differ = sorted(key for key, found in result.items() if not found["equal"])
-        logged = {step for found in result.values() for step, _, _ in found["rows"]}
-        record["comparisons"][folder] = {
-            "equal": not differ,
+        differ = sorted(key for key, values in result.items() if not values["equal"])
+        logged = {step for values in result.values() for step, _, _ in values["rows"]}
+        missing = sorted(set(range(1, steps + 1)) - logged)
+        found[folder] = {
+            "equal": not differ and set(missing) <= {halt_step},
             "metrics": len(result),
             "steps": sorted(logged),
+            "missing": missing,
             "differ": differ,
         }
-        tables.append(f"## replay against {folder}\n\n{table}")
-    digests = set(record["weights_sha256"].values())
-    record["weights_equal"] = len(digests) == 1 and None not in digests
-    record["equal"] = record["weights_equal"] and all(c["equal"] for c in record["comparisons"].values())
-    return record, "\n".join(tables)
+        tables.append(f"## replay against {folder}\n\n{to_markdown(result, ('replay', folder))}")
+    return found, "\n".join(tables)
+
+
+def verdicts(out: Path, legs: dict[str, int], steps: int) -> tuple[dict, str]:
+    """:func:`comparisons` and the last checkpoint's weights of every run (:func:`weights_digest`), which must be
+    equal too; the verdicts (JSON-ready) and the tables (Markdown)."""
+    found, tables = comparisons(out, legs, steps)
+    digests = {folder: weights_digest(out / folder / "ckpt", steps) for folder in ("replay", *legs)}
+    weights_equal = len(set(digests.values())) == 1 and None not in digests.values()
+    equal = weights_equal and all(c["equal"] for c in found.values())
+    record = {"steps": steps, "comparisons": found, "weights_sha256": digests, "weights_equal": weights_equal}
+    return record | {"equal": equal}, tables
 
 
 def halt(at: int, checkpoints: Path, command: Sequence[str]) -> int:
@@ -201,7 +211,7 @@ def run(args: argparse.Namespace) -> int:
         if failed := sorted(name for name, code in codes.items() if code):
             print(f"error: {', '.join(failed)} failed (logs: {args.out / 'runs'})", file=sys.stderr)
             return 2
-    record, tables = verdicts(args.out, ["record", *(leg.folder for leg in legs)], args.steps)
+    record, tables = verdicts(args.out, {"record": 0, **{leg.folder: leg.halt for leg in legs}}, args.steps)
     verdict = "identical to the bit" if record["equal"] else "differ"
     write_atomic(args.out / "replay.json", json.dumps(record, indent=1) + "\n")
     write_atomic(args.out / "replay.md", f"{tables}\nweights: {record['weights_sha256']}\n\nverdict: {verdict}\n")

@@ -206,6 +206,64 @@ def image_block(root: Path, name: str) -> str:
     )
 
 
+def markdown_block(root: Path, name: str, path: str) -> str:
+    """A Markdown file of the record as it is (e.g. the batch-invariance probe's table, written on the GPU host by
+    ``stapo.checks.batch_invariance table``)."""
+    return (root / RECORDS / name / path).read_text()
+
+
+def replay_block(root: Path, name: str, path: str = "replay/replay.json") -> str:
+    """The replay check's verdicts (``stapo.checks.replay``'s ``replay.json``): per run compared with the replay run,
+    the metrics and steps compared, the steps not compared (a run halted at step K may lack step K's line: verl
+    0.9.1 writes the checkpoint before it logs the step), what differs; the last checkpoint's weights of every run."""
+    record = json.loads((root / RECORDS / name / path).read_text())
+    head = ["run against `replay`", "metrics compared", "steps compared", "steps not compared", "differing", "verdict"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for run, found in record["comparisons"].items():
+        missing = sorted(set(range(1, record["steps"] + 1)) - set(found["steps"]))
+        lost = [f"{k} (its line lost at the kill)" if run == f"halt{k}" else str(k) for k in missing]
+        verdict = "equal to the bit" if found["equal"] else "DIFFERENT"
+        steps = ", ".join(map(str, found["steps"]))
+        cells = [run, found["metrics"], steps, ", ".join(lost) or "none", ", ".join(found["differ"]) or "none", verdict]
+        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+    digests = sorted(set(record["weights_sha256"].values()), key=str)
+    weights = (
+        f"all {len(record['weights_sha256'])} runs `{digests[0][:16]}…`"
+        if record["weights_equal"]
+        else "; ".join(f"{run} `{str(d)[:16]}`" for run, d in record["weights_sha256"].items())
+    )
+    overall = "identical to the bit" if record["equal"] else "differ"
+    return "\n".join(lines) + f"\n\nWeights after step {record['steps']}: {weights}. Verdict: **{overall}**.\n"
+
+
+def startup_block(root: Path, name: str, *runs: str) -> str:
+    """Launches side by side (``stapo.checks.startup run``'s ``phases.json`` of each run folder): when each phase's
+    marker line appeared, seconds since launch and since the phase before, and each process kind's count and first
+    line."""
+    found = {run: json.loads((root / RECORDS / name / run / "phases.json").read_text()) for run in runs}
+    cuts = " | ".join(
+        f"{run} (`STAPO_STARTUP_CUTS={r['environment'].get('STAPO_STARTUP_CUTS')}`)" for run, r in found.items()
+    )
+    lines = [
+        f"| phase: first line, s since launch (+ s since the phase before) | {cuts} |",
+        "|---|" + "---:|" * len(runs),
+    ]
+    for i, marker in enumerate(next(iter(found.values()))["markers"]):
+        marks = [r["markers"][i] for r in found.values()]
+        cells = ["-" if m["at_s"] is None else f"{m['at_s']:.1f} (+{m['phase_s']:.1f})" for m in marks]
+        lines.append(f"| {marker['phase']} | " + " | ".join(cells) + " |")
+    kinds = list(dict.fromkeys(k["kind"] for r in found.values() for k in r["processes"]))
+    lines += ["", "| process kind: processes, first line s | " + " | ".join(runs) + " |", "|---|" + "---:|" * len(runs)]
+    for kind in kinds:
+        cells = []
+        for r in found.values():
+            row = next((k for k in r["processes"] if k["kind"] == kind), None)
+            cells.append("-" if row is None else f"{row['pids'] or 1} at {row['first_s']}")
+        lines.append(f"| {kind} | " + " | ".join(cells) + " |")
+    stopped = "; ".join(f"{run}: {r['stopped']}" for run, r in found.items())
+    return "\n".join(lines) + f"\n\nStopped: {stopped}.\n"
+
+
 def record_runs(folder: Path) -> dict[str, list[dict[str, dict[int, float]]]]:
     """``label -> [metrics of each run]`` of a record: an experiment's runs grouped by method (``runs/METHOD-sSEED``),
     or one run per folder holding ``metrics.jsonl.gz``."""
@@ -243,6 +301,9 @@ BLOCKS: dict[str, Callable[..., str]] = {
     "decisive": decisive_block,
     "smoke": smoke_block,
     "image": image_block,
+    "markdown": markdown_block,
+    "replay": replay_block,
+    "startup": startup_block,
 }
 """Block kinds and what writes them (``curves``, which also draws, is :func:`curves_block`)."""
 
