@@ -149,15 +149,24 @@ def test_a_replayed_rollout_is_the_recorded_one_without_generating(tokenizer, tm
     assert len({tuple(r[1]) for r in responses(replayed)}) > 1  # the responses differ: the seeds keyed them apart
     with pytest.raises(TapeError, match="no response for the request of seed"):  # another step was not recorded
         rollout(load("determinism=full", f"stapo.replay_rollouts={tape}"), tokenizer, step=6, server=NoServer())
+    with pytest.raises(TapeError, match="a response to another prompt or sampling setting"):  # another temperature
+        rollout(
+            load("determinism=full", f"stapo.replay_rollouts={tape}"), tokenizer, server=NoServer(), temperature=0.7
+        )
 
 
 def test_a_tape_cut_by_a_kill_or_mixing_two_runs(tmp_path):
-    """The last line of a recording cut short by a kill is left out; a seed recorded twice with different responses
-    (two runs into one folder) stops the replay with one message."""
+    """The last line of a recording cut short by a kill is left out; a seed recorded twice with other tokens (a resumed
+    record run, or two runs into one folder) stops the replay with one message, while the same tokens twice do not."""
     line = {"seed": 1, "prompt": "ab", "output": {"token_ids": [1]}}
     (tmp_path / "rollouts-a-1.jsonl").write_text(json.dumps(line) + "\n" + '{"seed": 2, "pro')
     assert list(load_tape(str(tmp_path))) == [1]
-    (tmp_path / "rollouts-b-2.jsonl").write_text(json.dumps(line | {"output": {"token_ids": [2]}}) + "\n")
+    (tmp_path / "rollouts-b-2.jsonl").write_text(
+        json.dumps(line | {"output": {"token_ids": [1], "num_preempted": 3}}) + "\n"
+    )
+    load_tape.cache_clear()
+    assert list(load_tape(str(tmp_path))) == [1]  # the same tokens again (another preemption count): no conflict
+    (tmp_path / "rollouts-c-3.jsonl").write_text(json.dumps(line | {"output": {"token_ids": [2]}}) + "\n")
     load_tape.cache_clear()
     with pytest.raises(TapeError, match="recorded twice with different responses"):
         load_tape(str(tmp_path))

@@ -87,7 +87,7 @@ def test_bad_options_stop_before_any_run(tmp_path, task, capsys, extra, message)
 def test_halt_reports_a_run_that_ended_first(tmp_path, capsys):
     code = replay.halt(3, tmp_path, [sys.executable, "-c", "pass"])
     assert code == 1 and "ended (exit 0) before its checkpoint of step 3" in capsys.readouterr().out
-    Path(tmp_path / "latest_checkpointed_iteration.txt").write_text("3")
+    Path(tmp_path / "latest_checkpointed_iteration.txt").write_text("4")  # read late: a later checkpoint also halts
     assert replay.halt(3, tmp_path, [sys.executable, "-c", "import time; time.sleep(60)"]) == 0
 
 

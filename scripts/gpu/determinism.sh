@@ -35,4 +35,5 @@ wait
 shopt -s nullglob
 records=("$out"/invariance/*.json)
 [ ${#records[@]} -eq 0 ] || $PY -m stapo.checks.batch_invariance table "${records[@]}" | tee "$out/invariance/table.md"
+[ ${#records[@]} -eq 6 ] || { echo "error: ${#records[@]} of 6 probe records; see $out/invariance/*.log" >&2; code=1; }
 exit $code

@@ -12,7 +12,7 @@ request by request (:func:`compare`): responses whose tokens differ, tokens that
 log-probabilities that differ at all over the positions before the first differing token. Batch-invariant generation
 gives zeros everywhere; differences in ``again`` are not even run-to-run repeatable. Then, in the same process and so
 under the cuBLAS settings vLLM's engine left there, :func:`matmul_rows` asks whether a bfloat16 matrix product's rows
-depend on how many rows are multiplied at once (on Hopper, vLLM 0.24's batch invariance rests on cuBLAS alone:
+depend on how many rows are multiplied at once (on Hopper, vLLM 0.24's batch-invariant matmuls rest on cuBLAS:
 ``CUBLAS_WORKSPACE_CONFIG=:16:8`` and ``CUBLASLT_WORKSPACE_SIZE=1``, set in ``batch_invariant.py``). The record
 (``--out``, JSON) holds the setting, the engine's arguments, the environment, the versions and the counts; ``table``
 puts records side by side, with the upstream issue each setting answers.

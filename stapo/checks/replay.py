@@ -19,7 +19,7 @@ kills one run mid-epoch and one at the epoch's end. The replayed runs share the 
 digests; the exit code is 0 when every comparison is equal to the bit, 1 when one differs.
 
 ``halt`` runs COMMAND in a process group of its own and kills the group once ``DIR/latest_checkpointed_iteration.txt``
-says STEP, as a preempted job is killed; it exits 0 then, and 1 if COMMAND ended first.
+says STEP (or later), as a preempted job is killed; it exits 0 then, and 1 if COMMAND ended first.
 """
 
 from __future__ import annotations
@@ -138,7 +138,7 @@ def halt(at: int, checkpoints: Path, command: Sequence[str]) -> int:
     tracker = checkpoints / "latest_checkpointed_iteration.txt"
     process = subprocess.Popen(list(command), start_new_session=True)
     while process.poll() is None:
-        if tracker.is_file() and tracker.read_text().strip() == str(at):
+        if tracker.is_file() and tracker.read_text().strip().isdigit() and int(tracker.read_text()) >= at:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
             print(f"halted at the checkpoint of step {at}", flush=True)

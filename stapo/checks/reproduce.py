@@ -5,7 +5,7 @@
 ``RUN_A`` and ``RUN_B`` are what :func:`stapo.tools.curves.read_metrics` reads (verl's file-logger JSONL with the
 segments a resumed run set aside, a console log, or a TensorBoard folder): the same command twice with
 ``determinism=full``, or a run against the same run killed after a checkpoint and resumed (``--steps`` then names the
-steps after the checkpoint). For each of :data:`KEYS` (``--all``: every metric both logged but time and memory) the
+steps after the checkpoint). For each of :data:`KEYS` (``--all``: every metric either logged but time and memory) the
 table shows both values at every step both logged and the largest absolute difference; the verdict says whether every
 value is equal to the bit. The exit code is 0 when they are, 1 when they differ (for scripts), 2 on bad input.
 """
@@ -40,8 +40,9 @@ VARYING = ("timing_s/", "timing_per_token_ms/", "perf/mfu/", "perf/throughput", 
 
 
 def every_key(a: dict[str, dict[int, float]], b: dict[str, dict[int, float]]) -> tuple[str, ...]:
-    """Every metric both runs logged, except the :data:`VARYING` ones (``--all``)."""
-    return tuple(sorted(key for key in set(a) & set(b) if not key.startswith(VARYING)))
+    """Every metric either run logged, except the :data:`VARYING` ones (``--all``): one logged by one run only
+    differs."""
+    return tuple(sorted(key for key in set(a) | set(b) if not key.startswith(VARYING)))
 
 
 def parse_steps(text: str | None) -> range | None:
@@ -90,7 +91,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     pair.add_argument("runs", type=Path, nargs=2, metavar="RUN", help="metrics of each run (JSONL, log or TB folder)")
     pair.add_argument("--steps", help="FIRST-LAST: compare only these steps (after a resume's checkpoint)")
     pair.add_argument("--out", type=Path, help="write the table here too")
-    pair.add_argument("--all", action="store_true", help="every metric both logged, not only the main ones")
+    pair.add_argument("--all", action="store_true", help="every metric either run logged, not only the main ones")
     args = parser.parse_args(argv)
     try:
         if args.out is not None and (problem := output_problem(args.out, "file")):
@@ -99,7 +100,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         a, b = (read_metrics(path) for path in args.runs)
         result = compare(a, b, steps, every_key(a, b) if args.all else KEYS)
         if not result:
-            raise ReportError(f"neither run logged any of {', '.join(KEYS)}")
+            raise ReportError(
+                "neither run logged any metric" if args.all else f"neither run logged any of {', '.join(KEYS)}"
+            )
     except ReportError as error:
         parser.exit(2, f"error: {error}\n")
     table = to_markdown(result, tuple(str(path) for path in args.runs))

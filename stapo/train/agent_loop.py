@@ -21,6 +21,7 @@ import hashlib
 import json
 import os
 import socket
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -45,34 +46,48 @@ class TapeError(RuntimeError):
     """A replayed run asked for a response its recording does not hold (another data set, seed or config)."""
 
 
-def prompt_digest(prompt_ids: list[int]) -> str:
-    return hashlib.sha256(json.dumps(list(prompt_ids)).encode()).hexdigest()[:16]
+LAUNCH = uuid.uuid4().hex[:12]
+"""This process's launch: a recording process writes a file of its own (a resumed run's process may get the same
+pid, and the kill may have cut the old file's last line)."""
+
+
+def request_digest(prompt_ids: list[int], sampling_params: dict) -> str:
+    """What a replayed response must have been generated for: the prompt's token ids and the sampling settings but
+    the seed (the key)."""
+    settings = {k: v for k, v in sampling_params.items() if k != "seed"}
+    return hashlib.sha256(json.dumps([list(prompt_ids), settings], sort_keys=True, default=str).encode()).hexdigest()[
+        :16
+    ]
 
 
 @functools.cache
 def load_tape(folder: str) -> dict[int, dict]:
     """Every recorded response of ``folder`` by its request's seed. A last line cut short by a kill is left out; a
-    seed recorded twice with different responses (two runs recorded into one folder) is an error."""
+    seed recorded twice with other tokens or log-probabilities is an error: a resumed record run generated the steps
+    after its checkpoint again, or two runs recorded into one folder."""
     entries: dict[int, dict] = {}
     for path in sorted(Path(folder).glob(TAPE_GLOB)):
         text = path.read_text(encoding="utf-8")
         for line in text.splitlines()[: None if text.endswith("\n") else -1]:
             entry = json.loads(line)
-            if entries.setdefault(entry["seed"], entry) != entry:
+            first = entries.setdefault(entry["seed"], entry)
+            if [first["output"].get(k) for k in ("token_ids", "log_probs")] != [
+                entry["output"].get(k) for k in ("token_ids", "log_probs")
+            ]:
                 raise TapeError(
-                    f"{folder}: the request of seed {entry['seed']} was recorded twice with different responses "
-                    "(two runs recorded into one folder?); record each run into a folder of its own"
+                    f"{folder}: the request of seed {entry['seed']} was recorded twice with different responses (a "
+                    "resumed record run, or two runs in one folder); record a run in one go, into a new folder"
                 )
     return entries
 
 
 class RolloutTape:
     """verl's LLM server client with rollouts on tape: records every response it generates into ``folder`` (one
-    JSON line each, keyed by the request's seed, with a digest of its prompt's token ids), or replays them from there
-    without generating. Two runs that replay one recording train on the same rollouts, so what they compute
-    differently is the training side's (FSDP, data order, seeds), not vLLM's batch dependence (issue 54,
-    docs/determinism.md). The seed (:func:`request_seed`) tells every response of a run apart: it needs
-    ``determinism=full``, which the preflight checks."""
+    JSON line each, keyed by the request's seed, with a digest of its prompt's token ids and sampling settings), or
+    replays them from there without generating (for the same prompt and settings, or an error). Two runs that replay
+    one recording train on the same rollouts, so what they compute differently is the training side's (FSDP, data
+    order, seeds), not vLLM's batch dependence (issue 54, docs/determinism.md). The seed (:func:`request_seed`) tells
+    every response of a run apart: it needs ``determinism=full``, which the preflight checks."""
 
     def __init__(self, server: Any, folder: str, replay: bool):
         self.server, self.folder, self.replay = server, Path(folder), replay
@@ -81,11 +96,11 @@ class RolloutTape:
         return getattr(self.server, name)
 
     async def generate(self, request_id: str, prompt_ids: list[int], sampling_params: dict, **kwargs) -> TokenOutput:
-        seed, digest = sampling_params["seed"], prompt_digest(prompt_ids)
+        seed, digest = sampling_params["seed"], request_digest(prompt_ids, sampling_params)
         if self.replay:
             entry = load_tape(str(self.folder)).get(seed)
             if entry is None or entry["prompt"] != digest:
-                found = "no response" if entry is None else "a response to another prompt"
+                found = "no response" if entry is None else "a response to another prompt or sampling setting"
                 raise TapeError(
                     f"stapo.replay_rollouts={self.folder}: {found} for the request of seed {seed}: the recording "
                     "comes from another data set, seed, batch or step count; record with this run's settings"
@@ -96,7 +111,7 @@ class RolloutTape:
         )
         line = json.dumps({"seed": seed, "prompt": digest, "output": output.model_dump(mode="json")}) + "\n"
         self.folder.mkdir(parents=True, exist_ok=True)
-        path = self.folder / TAPE_GLOB.replace("*", f"{socket.gethostname()}-{os.getpid()}")
+        path = self.folder / TAPE_GLOB.replace("*", f"{socket.gethostname()}-{os.getpid()}-{LAUNCH}")
         descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:  # one write of a whole line: a kill leaves at most the last line cut short (load_tape skips it)
             os.write(descriptor, line.encode())

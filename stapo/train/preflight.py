@@ -124,8 +124,9 @@ def tape_problems(config: DictConfig) -> list[str]:
         return []
     found = []
     if stapo.get("record_rollouts"):
-        found += filter(None, [output_problem(Path(stapo.record_rollouts), "folder", "stapo.record_rollouts")])
-    if stapo.get("replay_rollouts") and not any(Path(stapo.replay_rollouts).glob(TAPE_GLOB)):
+        folder = Path(stapo.record_rollouts).expanduser()
+        found += filter(None, [output_problem(folder, "folder", "stapo.record_rollouts")])
+    if stapo.get("replay_rollouts") and not any(Path(stapo.replay_rollouts).expanduser().glob(TAPE_GLOB)):
         found.append(
             f"stapo.replay_rollouts={stapo.replay_rollouts}: no recording there ({TAPE_GLOB}); name the folder a run "
             "with stapo.record_rollouts wrote"
