@@ -169,3 +169,12 @@ def test_a_missing_step_fails_unless_a_kill_took_its_log_line(tmp_path, monkeypa
     assert not found["other"]["equal"] and found["other"]["differ"] == ["actor/entropy"]
     assert found["other"]["metrics"] == 2  # actor/entropy and actor/lr; the step time is never compared
     assert "## replay against other" in tables
+
+
+def test_an_out_folder_in_use_is_refused(tmp_path, task, capsys):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "replay.json").write_text("{}")
+    with pytest.raises(SystemExit) as done:
+        replay.main(args(tmp_path, task))
+    assert done.value.code == 2 and "--out" in (err := capsys.readouterr().err) and "not empty" in err
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["replay.json"]

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -37,10 +36,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stapo.checks.reproduce import compare, every_key, to_markdown
-from stapo.quickstart.experiment import KV_CACHE_BYTES, TRAINER, state_digest
+from stapo.checks.startup import command_problem
+from stapo.quickstart.experiment import KV_CACHE_BYTES, TRAINER, override_problem, state_digest
 from stapo.quickstart.tiny import replace_overrides, tiny_run_overrides
 from stapo.tools.curves import read_metrics
-from stapo.tools.io import hold_folder, output_problem, write_atomic
+from stapo.tools.io import hold_folder, new_folder_problem, output_problem, write_atomic
 from stapo.train.clusters import launch
 
 HALT_POLL_S = 0.5
@@ -138,7 +138,8 @@ def halt(at: int, checkpoints: Path, command: Sequence[str]) -> int:
     tracker = checkpoints / "latest_checkpointed_iteration.txt"
     process = subprocess.Popen(list(command), start_new_session=True)
     while process.poll() is None:
-        if tracker.is_file() and tracker.read_text().strip().isdigit() and int(tracker.read_text()) >= at:
+        step = tracker.read_text().strip() if tracker.is_file() else ""
+        if step.isdigit() and int(step) >= at:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
             print(f"halted at the checkpoint of step {at}", flush=True)
@@ -177,15 +178,12 @@ def check(args: argparse.Namespace) -> str | None:
         return f"--model {args.model}: no config.json there; name a Hugging Face model folder"
     if not (args.data / "train.parquet").is_file():
         return f"--data {args.data}: no train.parquet there (python -m stapo.quickstart.task word --out DIR)"
-    if malformed := [o for o in args.overrides if "=" not in o or o.startswith("=")]:
-        return f"overrides {' '.join(malformed)}: write each as KEY=VALUE, after '--'"
-    if problem := config_problem(args):
-        return problem
-    if problem := output_problem(args.out, "folder"):
-        return problem
-    if args.out.is_dir() and any(args.out.iterdir()):
-        return f"--out {args.out}: not empty; name a new folder"
-    return hold_folder(args.out)
+    return (
+        override_problem(args.overrides)
+        or config_problem(args)
+        or new_folder_problem(args.out)
+        or hold_folder(args.out)
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -244,7 +242,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         if problem := (
             (f"--at {args.at}: a step, 1 or more" if args.at < 1 else None)
             or output_problem(args.checkpoints, "folder", "--checkpoints")
-            or (None if shutil.which(args.cmd[0]) else f"COMMAND {args.cmd[0]}: no such program")
+            or command_problem(args.cmd)
         ):
             parser.exit(2, f"error: {problem}\n")
         raise SystemExit(halt(args.at, args.checkpoints, args.cmd))

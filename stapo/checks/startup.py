@@ -34,7 +34,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from stapo.tools.io import first_line, number_problems, output_problem, write_atomic
+from stapo.tools.io import first_line, new_folder_problem, number_problems, output_problem, write_atomic
 
 
 class StartupError(ValueError):
@@ -343,15 +343,6 @@ def command_problem(command: Sequence[str]) -> str | None:
     return None
 
 
-def folder_problem(out: Path) -> str | None:
-    """``run`` writes into a new or empty folder only."""
-    if problem := output_problem(out, "folder"):
-        return problem
-    if out.is_dir() and any(out.iterdir()):
-        return f"--out {out}: exists and is not empty; name a new folder (a run's log is never mixed with another)"
-    return None
-
-
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="python -m stapo.checks.startup", description=__doc__.split("\n\n")[0])
     commands = top.add_subparsers(dest="what", required=True)
@@ -371,7 +362,7 @@ def parser() -> argparse.ArgumentParser:
 
 def _run(args: argparse.Namespace) -> str:
     problems = number_problems(args, positive=["timeout"]) + [
-        p for p in (command_problem(args.command), folder_problem(args.out)) if p
+        p for p in (command_problem(args.command), new_folder_problem(args.out)) if p
     ]
     if problems:
         raise StartupError(problems[0])

@@ -510,6 +510,12 @@ def check_run_args(args: argparse.Namespace) -> list[str]:
     return [ids.split(",")[int(g)] if ids else g for _ in range(args.runs_per_gpu) for g in gpus]
 
 
+def override_problem(overrides: Sequence[str]) -> str | None:
+    """The Hydra overrides after ``--`` that are not ``KEY=VALUE``, as one line, or None."""
+    malformed = [o for o in overrides if "=" not in o or o.startswith("=")]
+    return f"overrides {' '.join(malformed)}: write each as KEY=VALUE, after '--'" if malformed else None
+
+
 def check_overrides(args: argparse.Namespace) -> None:
     """Each method's config composed with the runs' overrides (those after ``--`` included) must pass the trainer's
     checks (:func:`stapo.train.main.validate`, without looking at files or GPUs)."""
@@ -518,9 +524,8 @@ def check_overrides(args: argparse.Namespace) -> None:
     from stapo.config import CONFIG_DIR
     from stapo.train.main import validate
 
-    malformed = [o for o in args.overrides if "=" not in o or o.startswith("=")]
-    if malformed:
-        raise SystemExit(f"error: overrides {' '.join(malformed)}: write each as KEY=VALUE, after '--'")
+    if problem := override_problem(args.overrides):
+        raise SystemExit(f"error: {problem}")
     for override in args.overrides:
         key = override.split("=", 1)[0].lstrip("+~")
         if key in RUN_KEYS:

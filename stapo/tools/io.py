@@ -59,6 +59,16 @@ def output_problem(path: Path, kind: str, option: str = "--out") -> str | None:
     return None
 
 
+def new_folder_problem(path: Path, option: str = "--out") -> str | None:
+    """Why ``path`` cannot be a run's new folder: :func:`output_problem`'s reasons, or it exists and is not empty (a
+    run's records are never mixed with another's). One line naming the option, or None."""
+    if problem := output_problem(path, "folder", option):
+        return problem
+    if Path(path).is_dir() and any(Path(path).iterdir()):
+        return f"{option} {path}: exists and is not empty; name a new folder"
+    return None
+
+
 _HELD: dict[Path, int] = {}
 """Folders this process holds (:func:`hold_folder`) and their open descriptors."""
 

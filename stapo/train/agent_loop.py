@@ -91,6 +91,9 @@ class RolloutTape:
 
     def __init__(self, server: Any, folder: str, replay: bool):
         self.server, self.folder, self.replay = server, Path(folder), replay
+        self.path = self.folder / TAPE_GLOB.replace("*", f"{socket.gethostname()}-{os.getpid()}-{LAUNCH}")
+        if not replay:
+            self.folder.mkdir(parents=True, exist_ok=True)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.server, name)
@@ -110,9 +113,7 @@ class RolloutTape:
             request_id=request_id, prompt_ids=prompt_ids, sampling_params=sampling_params, **kwargs
         )
         line = json.dumps({"seed": seed, "prompt": digest, "output": output.model_dump(mode="json")}) + "\n"
-        self.folder.mkdir(parents=True, exist_ok=True)
-        path = self.folder / TAPE_GLOB.replace("*", f"{socket.gethostname()}-{os.getpid()}-{LAUNCH}")
-        descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        descriptor = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:  # one write of a whole line: a kill leaves at most the last line cut short (load_tape skips it)
             os.write(descriptor, line.encode())
         finally:
