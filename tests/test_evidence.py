@@ -121,6 +121,21 @@ def test_the_new_records_fail_the_check_when_a_number_changes(copy):
     shown = evidence.replay_block(copy, "determinism-h200")
     assert "| halt3 | 91 | 1, 2, 3, 4, 5, 6 | none | actor/grad_norm | DIFFERENT |" in shown
     assert "| halt2 | 91 | 1, 3, 4, 5, 6 | 2 (its line lost at the kill) | none | equal to the bit |" in shown
-    assert "| first step begins | 364.1 (+3.4) | 240.4 (+1.8) |" in evidence.startup_block(
-        copy, "startup-1.7b", "off", "on"
+    shown = evidence.startup_block(copy, "startup-1.7b", "off", "on")
+    assert "| first step begins | 364.1 (+3.4) | 240.4 (+1.8) |" in shown
+    assert "First step began, s since launch: off: 364.1 (median 364.1); on: 240.4 (median 240.4)." in shown
+
+
+def test_first_steps_gives_each_kind_of_launch_in_order_and_its_median():
+    """Launches KIND-N grouped by KIND in the order given; a launch that never began its first step shows `-` and
+    leaves its kind without a median."""
+
+    def record(began):
+        return {"markers": [{"phase": "ready to fit", "at_s": 1.0}, {"phase": "first step begins", "at_s": began}]}
+
+    found = {"warm-1": record(200.0), "off-1": record(300.0), "on-1": record(150.0), "on-2": record(140.0),
+             "off-2": record(None)}  # fmt: skip
+    assert evidence.first_steps(found) == (
+        "First step began, s since launch: warm: 200.0 (median 200.0); off: 300.0, - (median -); "
+        "on: 150.0, 140.0 (median 145.0)."
     )

@@ -28,6 +28,10 @@ def test_phases_of_a_constructed_log():
     assert marker(result, "TransferQueue ready")["at_s"] == 60.25
     assert marker(result, "vLLM engine core: first line")["at_s"] == 190.5
     assert marker(result, "vLLM worker: first line")["phase_s"] == 19.5
+    vllm = ["vLLM: model loaded", "vLLM: KV cache sized", "vLLM: CUDA graphs captured", "vLLM: engine ready"]
+    assert [(marker(result, m)["at_s"], marker(result, m)["phase_s"]) for m in vllm] == [
+        (214.0, 4.0), (226.0, 12.0), (236.0, 10.0), (240.0, 4.0)
+    ]  # fmt: skip
     missing = marker(result, "validation before training done")
     assert missing["at_s"] is None and missing["phase_s"] is None
     assert marker(result, "first step begins")["phase_s"] == 6.0  # since "ready to fit": the missing one is skipped
@@ -36,7 +40,7 @@ def test_phases_of_a_constructed_log():
     assert list(kinds)[:3] == ["driver", "TaskRunnerV1", "SimpleStorageUnit"]
     assert kinds["SimpleStorageUnit"]["pids"] == 2 and kinds["driver"]["pids"] is None
     assert (kinds["EngineCore"]["first_s"], kinds["EngineCore"]["last_s"]) == (190.5, 240.0)
-    assert kinds["Worker"]["lines"] == 1 and "vLLMHttpServer" in kinds
+    assert kinds["Worker"]["lines"] == 4 and "vLLMHttpServer" in kinds
     shown = startup.table(result)
     assert "| validation before training done | - | - |" in shown and "| EngineCore | 1 | 190.5 | 240.0 | 2 |" in shown
 
@@ -69,7 +73,8 @@ STAND_IN = textwrap.dedent(
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     open(sys.argv[1], "w").write(f"{os.getpid()} {child.pid}")
     print("ray init kwargs: {}")
-    print("levels", os.environ.get("VERL_LOGGING_LEVEL"), os.environ.get("PYTHONUNBUFFERED"), file=sys.stderr)
+    levels = [os.environ.get(name) for name in ("VERL_LOGGING_LEVEL", "VLLM_LOGGING_LEVEL", "PYTHONUNBUFFERED")]
+    print("levels", *levels, file=sys.stderr)
     time.sleep(0.4)
     print("(TaskRunnerV1 pid=11) INFO:create worker group dict_keys(['actor_rollout'])")
     time.sleep(0.4)
@@ -120,7 +125,7 @@ def test_run_stops_the_command_after_its_first_step(tmp_path):
     assert marker(result, "vLLM engine core: first line")["at_s"] >= marker(result, "worker group created")["at_s"]
     assert marker(result, "actor engine initialized")["at_s"] is None
     log = (tmp_path / "out" / "train.log").read_text()
-    assert re.search(r"^ +\d+\.\d\d \| levels INFO 1$", log, re.M)  # stderr merged, the environment added
+    assert re.search(r"^ +\d+\.\d\d \| levels INFO INFO 1$", log, re.M)  # stderr merged, the environment added
     assert json.loads((tmp_path / "out" / "phases.json").read_text())["markers"] == result["markers"]
 
 
@@ -186,43 +191,57 @@ def test_imports_command_writes_json(tmp_path, capsys):
     assert "| json |" in capsys.readouterr().out
 
 
-def test_the_gpu_script_runs_both_launches_with_the_cuts_off_and_on(tmp_path):
-    """scripts/gpu/startup.sh with a stand-in for the Python that would train (it needs a GPU): the model and task
-    once, then each launch through `startup run` with STAPO_STARTUP_CUTS none (and verl's 8 storage units) and all;
-    the training overrides compose with the real config and pass the trainer's checks; --cold removes bytecode."""
-    import shlex
+def _run_gpu_script(tmp_path, *args):
+    """scripts/gpu/startup.sh with a stand-in for the Python that would train (it needs a GPU) and answer where the
+    run's packages are (an ``elsewhere`` folder): those calls are written to ``calls``, compileall runs for real."""
     import subprocess
+
+    calls, standin = tmp_path / "calls", tmp_path / "python"
+    standin.write_text(
+        "#!/bin/sh\n"
+        f'case "$*" in *package_folders*) echo {tmp_path / "elsewhere"} ;;\n'
+        f'  *compileall*) exec {sys.executable} "$@" ;;\n'
+        f'  *) printf "cuts=%s %s\\n" "$STAPO_STARTUP_CUTS" "$*" >> {calls} ;; esac\n'
+    )
+    standin.chmod(0o755)
+    (tmp_path / "tok").mkdir(exist_ok=True)
+    (tmp_path / "tok" / "tokenizer_config.json").write_text("{}")
+    script = Path(__file__).parents[1] / "scripts" / "gpu" / "startup.sh"
+    done = subprocess.run(
+        ["bash", str(script), str(tmp_path / "out"), str(tmp_path / "tok"), *args],
+        env={"PATH": "/usr/bin:/bin", "STAPO_PYTHON": str(standin)},
+        capture_output=True,
+        text=True,
+    )
+    return done, calls.read_text().splitlines() if calls.exists() else []
+
+
+def test_the_gpu_script_runs_the_launches_in_order_with_the_cuts_off_and_on(tmp_path):
+    """The model and task once, then each launch of the list through `startup run`, in its own KIND-N folder, with
+    STAPO_STARTUP_CUTS none (and verl's 8 storage units) for off and all for warm and on; the training overrides
+    compose with the real config and pass the trainer's checks; --cold removes bytecode before each launch."""
+    import shlex
 
     from hydra import compose, initialize_config_dir
 
     from stapo.config import CONFIG_DIR
     from stapo.train.main import validate
 
-    calls, standin = tmp_path / "calls", tmp_path / "python"
-    standin.write_text(f'#!/bin/sh\nprintf "cuts=%s %s\\n" "$STAPO_STARTUP_CUTS" "$*" >> {calls}\n')
-    standin.chmod(0o755)
-    (tmp_path / "tok").mkdir()
-    (tmp_path / "tok" / "tokenizer_config.json").write_text("{}")
     cache = tmp_path / "site" / "pkg" / "__pycache__"
     cache.mkdir(parents=True)
-    script = Path(__file__).parents[1] / "scripts" / "gpu" / "startup.sh"
-    done = subprocess.run(
-        ["bash", str(script), str(tmp_path / "out"), str(tmp_path / "tok"), "both", "--cold", str(tmp_path / "site")],
-        env={"PATH": "/usr/bin:/bin", "STAPO_PYTHON": str(standin)},
-        capture_output=True,
-        text=True,
-    )
+    done, lines = _run_gpu_script(tmp_path, "warm,off,on,on,off", "--cold", str(tmp_path / "site"))
     assert done.returncode == 0, done.stderr
     assert not cache.exists()
-    lines = calls.read_text().splitlines()
     assert [line.split()[2] for line in lines] == [
         "stapo.checks.scale",
         "stapo.quickstart.task",
-        *["stapo.checks.startup"] * 2,
+        *["stapo.checks.startup"] * 5,
     ]
     runs = [shlex.split(line) for line in lines[2:]]
-    assert [run[0] for run in runs] == ["cuts=none", "cuts=all"]
-    assert runs[0][-1] == "transfer_queue.backend.SimpleStorage.num_data_storage_units=8"
+    assert [run[0] for run in runs] == ["cuts=all", "cuts=none", "cuts=all", "cuts=all", "cuts=none"]
+    outs = [Path(run[run.index("--out") + 1]).name for run in runs]
+    assert outs == ["warm-1", "off-1", "on-1", "on-2", "off-2"]
+    assert runs[1][-1] == "transfer_queue.backend.SimpleStorage.num_data_storage_units=8"
     for run in runs:
         command = run[run.index("--") + 1 :]
         assert command[:4] == ["bash", "scripts/train.sh", "stapo", "qwen3_1.7b"]
@@ -230,5 +249,30 @@ def test_the_gpu_script_runs_both_launches_with_the_cuts_off_and_on(tmp_path):
             config = compose("stapo", overrides=["size=qwen3_1.7b", *command[4:]])
         validate(config, environment=False)
         assert config.trainer.n_gpus_per_node == 1 and config.trainer.val_before_train is False
-    refused = subprocess.run(["bash", str(script), "x", str(tmp_path / "tok"), "fast"], capture_output=True, text=True)
-    assert refused.returncode == 2 and "off, on, both or imports" in refused.stderr
+
+
+def test_the_gpu_script_compiles_the_bytecode_once_with_compiled(tmp_path):
+    """--compiled SITE: the bytecode of SITE and of the run's packages elsewhere exists before the first launch,
+    as after pip's default install."""
+    for folder in ("site", "elsewhere"):
+        (tmp_path / folder / "pkg").mkdir(parents=True)
+        (tmp_path / folder / "pkg" / "mod.py").write_text("X = 1\n")
+    done, lines = _run_gpu_script(tmp_path, "on", "--compiled", str(tmp_path / "site"))
+    assert done.returncode == 0, done.stderr
+    for folder in ("site", "elsewhere"):
+        assert list((tmp_path / folder / "pkg" / "__pycache__").glob("mod.*.pyc")), folder
+    assert [line.split()[0] for line in lines[2:]] == ["cuts=all"]
+
+
+@pytest.mark.parametrize(
+    "args, error",
+    [
+        (["fast"], "a comma list of warm, off and on, or imports alone"),
+        (["on,imports"], "a comma list of warm, off and on, or imports alone"),
+        (["on", "--hot", "x"], "give --cold SITE or --compiled SITE, a folder"),
+        (["on", "--compiled", "/nonexistent"], "give --cold SITE or --compiled SITE, a folder"),
+    ],
+)
+def test_the_gpu_script_refuses_what_it_cannot_run(tmp_path, args, error):
+    done, lines = _run_gpu_script(tmp_path, *args)
+    assert done.returncode == 2 and error in done.stderr and lines == []

@@ -5,7 +5,8 @@
     python -m stapo.checks.startup imports --out JSON [--module KIND=MODULE[,MODULE]] ...
 
 ``run`` starts COMMAND (e.g. ``bash scripts/train.sh stapo qwen3_1.7b ...``) in a process group of its own, with
-``VERL_LOGGING_LEVEL=INFO``, ``TQ_LOGGING_LEVEL=INFO`` (TransferQueue's set-up lines), ``PYTHONUNBUFFERED=1``,
+``VERL_LOGGING_LEVEL=INFO``, ``TQ_LOGGING_LEVEL=INFO`` (TransferQueue's set-up lines), ``VLLM_LOGGING_LEVEL=INFO``
+(vLLM's engine phases; verl sets WARN only where the variable is unset), ``PYTHONUNBUFFERED=1``,
 ``RAY_DEDUP_LOGS=0`` (every process's lines, not Ray's summaries) and ``RAY_COLOR_PREFIX=0`` added to its
 environment, and writes each line it prints (stdout and stderr merged) to ``DIR/train.log`` as ``  12.34 | line``,
 the seconds since launch. When the first step begins (the recipe's trainer prints ``STAPO: step 1 begins``) or, with
@@ -51,6 +52,10 @@ MARKERS = (
     ("vLLM server: first line", r"^\(vLLMHttpServer pid=\d+"),
     ("vLLM engine core: first line", r"\(EngineCore(_DP\d+)? pid=\d+"),
     ("vLLM worker: first line", r"\(Worker[A-Z0-9_]* pid=\d+"),
+    ("vLLM: model loaded", r"Model loading took"),
+    ("vLLM: KV cache sized", r"Available KV cache memory"),
+    ("vLLM: CUDA graphs captured", r"Graph capturing finished"),
+    ("vLLM: engine ready", r"init engine \(profile, create kv cache, warmup model\) took"),
     ("vLLM servers up", r"LLMServerManager: \["),
     ("checkpoint engine manager", r"checkpoint engine manager initialized"),
     ("ready to fit", r"all initialize finished, ready to fit"),
@@ -63,7 +68,10 @@ MARKERS = (
 ``workers/rollout/llm_server.py:LLMServerManager._initialize_llm_servers``), TransferQueue 0.1.11's ``init``, the
 prefix Ray puts on an actor's lines (``(ClassName pid=N)``, ``ray/_private/worker.py:print_worker_logs``), the one
 vLLM 0.24 puts on its own processes' lines (``vllm/utils/system_utils.py:decorate_logs``: ``EngineCore``,
-``Worker``), the recipe's trainer (:data:`stapo.train.trainer.FIRST_STEP_LINE`) and verl's console logger."""
+``Worker``), vLLM's INFO lines of its engine's start (``v1/worker/gpu_model_runner.py``: the model loaded, the
+CUDA graphs captured; ``v1/worker/gpu_worker.py``: the KV cache sized after the profiling run, which compiles or
+loads the compiled graphs; ``v1/engine/core.py``: the engine ready), the recipe's trainer
+(:data:`stapo.train.trainer.FIRST_STEP_LINE`) and verl's console logger."""
 
 FIRST_STEP_END = MARKERS[-1][1]
 UNTIL = {"begins": MARKERS[-2][1], "ends": FIRST_STEP_END}
@@ -75,6 +83,7 @@ ANSI = re.compile(r"\x1b\[[0-9;]*m")
 ADDED_ENV = {
     "VERL_LOGGING_LEVEL": "INFO",
     "TQ_LOGGING_LEVEL": "INFO",
+    "VLLM_LOGGING_LEVEL": "INFO",
     "PYTHONUNBUFFERED": "1",
     "RAY_DEDUP_LOGS": "0",
     "RAY_COLOR_PREFIX": "0",

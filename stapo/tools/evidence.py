@@ -26,6 +26,7 @@ import json
 import os
 import re
 import shutil
+import statistics
 import subprocess
 from collections.abc import Callable, Sequence
 from importlib import metadata
@@ -261,7 +262,22 @@ def startup_block(root: Path, name: str, *runs: str) -> str:
             cells.append("-" if row is None else f"{row['pids'] or 1} at {row['first_s']}")
         lines.append(f"| {kind} | " + " | ".join(cells) + " |")
     stopped = "; ".join(f"{run}: {r['stopped']}" for run, r in found.items())
-    return "\n".join(lines) + f"\n\nStopped: {stopped}.\n"
+    return "\n".join(lines) + f"\n\nStopped: {stopped}.\n\n{first_steps(found)}\n"
+
+
+def first_steps(found: dict[str, dict]) -> str:
+    """When the first step began, per kind of launch (a run folder's name without its ``-N``): each launch in order
+    and the median, the issue's measure (issue 55)."""
+    kinds: dict[str, list[float | None]] = {}
+    for run, record in found.items():
+        began = next(m["at_s"] for m in record["markers"] if m["phase"] == "first step begins")
+        kinds.setdefault(re.sub(r"-\d+$", "", run), []).append(began)
+    parts = []
+    for kind, times in kinds.items():
+        shown = ", ".join("-" if t is None else f"{t:.1f}" for t in times)
+        middle = "-" if None in times else f"{statistics.median(times):.1f}"
+        parts.append(f"{kind}: {shown} (median {middle})")
+    return "First step began, s since launch: " + "; ".join(parts) + "."
 
 
 def record_runs(folder: Path) -> dict[str, list[dict[str, dict[int, float]]]]:
