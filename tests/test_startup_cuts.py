@@ -180,3 +180,40 @@ def test_one_node_sizes_start_two_transfer_queue_units(size, units):
     verl_config = Path(importlib.import_module("verl").__file__).parent / "trainer/config"
     verls = OmegaConf.load(verl_config / "transfer_queue" / "transfer_queue.yaml")
     assert verls.backend.SimpleStorage.num_data_storage_units == 8
+
+
+def test_ray_starts_an_actor_in_a_process_of_its_own_beside_an_idle_warm_worker(tmp_path, foreign_ray_ignored):
+    """Why no cut pre-imports vLLM for verl's server actor (docs/startup.md, lead f): Ray 2.60 does not hand an actor
+    an idle worker that already ran a task with the same runtime environment; it starts a new process, which imports
+    everything again. Should Ray start reusing such workers, this fails and the lead is open again."""
+    import time
+
+    import ray
+
+    from stapo.train import clusters
+
+    env = {"env_vars": {"STAPO_PREWARM_PROBE": "1"}}
+
+    @ray.remote(num_cpus=0)
+    def warm():
+        import json  # noqa: F401  (the module the actor's class would need)
+
+        return os.getpid()
+
+    @ray.remote(num_cpus=0)
+    class Server:
+        def pid(self):
+            return os.getpid()
+
+    with clusters.local_cluster(["0"], tmp_path / "ray.log") as (address, _):
+        ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+        try:
+            task_pid = ray.get(warm.options(runtime_env=env).remote())
+            time.sleep(1)  # the task's worker is idle in the pool now
+            actor_pid = ray.get(Server.options(runtime_env=env).remote().pid.remote())
+            again_pid = ray.get(warm.options(runtime_env=env).remote())
+        finally:
+            ray.shutdown()
+    assert again_pid == task_pid  # the warm worker was alive and reusable: by tasks
+    assert actor_pid != task_pid  # not by the actor
+    foreign_ray_ignored()
