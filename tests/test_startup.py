@@ -193,19 +193,28 @@ def test_imports_command_writes_json(tmp_path, capsys):
 
 def _run_gpu_script(tmp_path, *args):
     """scripts/gpu/startup.sh with a stand-in for the Python that would train (it needs a GPU) and answer where the
-    run's packages are (an ``elsewhere`` folder): those calls are written to ``calls``, compileall runs for real."""
+    run's packages are (an ``elsewhere`` folder). Each other call is written to ``calls`` as ``cuts=C B ARGS``, B
+    saying whether ``site/pkg`` had bytecode when a launch began (``yes``/``no``; ``-`` for the set-up calls); a launch
+    then writes bytecode there, as its imports would, and makes its --out folder. compileall runs for real."""
     import subprocess
 
-    calls, standin = tmp_path / "calls", tmp_path / "python"
+    calls, standin, cache = tmp_path / "calls", tmp_path / "python", tmp_path / "site" / "pkg" / "__pycache__"
     standin.write_text(
         "#!/bin/sh\n"
         f'case "$*" in *package_folders*) echo {tmp_path / "elsewhere"} ;;\n'
         f'  *compileall*) exec {sys.executable} "$@" ;;\n'
-        f'  *) printf "cuts=%s %s\\n" "$STAPO_STARTUP_CUTS" "$*" >> {calls} ;; esac\n'
+        f"  *stapo.checks.startup*) b=no; ls {cache}/*.pyc >/dev/null 2>&1 && b=yes\n"
+        f'    printf "cuts=%s %s %s\\n" "$STAPO_STARTUP_CUTS" $b "$*" >> {calls}\n'
+        f"    mkdir -p {cache} && touch {cache}/imported.pyc\n"
+        '    for a; do [ "$o" = --out ] && mkdir -p "$a"; o=$a; done ;;\n'  # what `startup run` makes
+        f'  *) printf "cuts=%s - %s\\n" "$STAPO_STARTUP_CUTS" "$*" >> {calls} ;; esac\n'
     )
     standin.chmod(0o755)
     (tmp_path / "tok").mkdir(exist_ok=True)
     (tmp_path / "tok" / "tokenizer_config.json").write_text("{}")
+    for folder in ("site", "elsewhere"):
+        (tmp_path / folder / "pkg").mkdir(parents=True, exist_ok=True)
+        (tmp_path / folder / "pkg" / "mod.py").write_text("X = 1\n")
     script = Path(__file__).parents[1] / "scripts" / "gpu" / "startup.sh"
     done = subprocess.run(
         ["bash", str(script), str(tmp_path / "out"), str(tmp_path / "tok"), *args],
@@ -216,10 +225,22 @@ def _run_gpu_script(tmp_path, *args):
     return done, calls.read_text().splitlines() if calls.exists() else []
 
 
+def _launches(lines):
+    """(cuts, bytecode at the start, --out folder's name, the storage-unit override or None) of each launch."""
+    import shlex
+
+    runs = [shlex.split(line) for line in lines if " stapo.checks.startup " in line]
+    units = "transfer_queue.backend.SimpleStorage.num_data_storage_units=8"
+    return [
+        (run[0], run[1], Path(run[run.index("--out") + 1]).name, units if run[-1] == units else None) for run in runs
+    ]
+
+
 def test_the_gpu_script_runs_the_launches_in_order_with_the_cuts_off_and_on(tmp_path):
     """The model and task once, then each launch of the list through `startup run`, in its own KIND-N folder, with
-    STAPO_STARTUP_CUTS none (and verl's 8 storage units) for off and all for warm and on; the training overrides
-    compose with the real config and pass the trainer's checks; --cold removes bytecode before each launch."""
+    STAPO_STARTUP_CUTS none and verl's 8 storage units for off and warm-off, all for warm and on; the training
+    overrides compose with the real config and pass the trainer's checks; --cold removes bytecode before each
+    launch."""
     import shlex
 
     from hydra import compose, initialize_config_dir
@@ -227,22 +248,24 @@ def test_the_gpu_script_runs_the_launches_in_order_with_the_cuts_off_and_on(tmp_
     from stapo.config import CONFIG_DIR
     from stapo.train.main import validate
 
-    cache = tmp_path / "site" / "pkg" / "__pycache__"
-    cache.mkdir(parents=True)
-    done, lines = _run_gpu_script(tmp_path, "warm,off,on,on,off", "--cold", str(tmp_path / "site"))
+    done, lines = _run_gpu_script(tmp_path, "warm,warm-off,off,on,on,off", "--cold", str(tmp_path / "site"))
     assert done.returncode == 0, done.stderr
-    assert not cache.exists()
-    assert [line.split()[2] for line in lines] == [
+    assert [line.split()[3] for line in lines] == [
         "stapo.checks.scale",
         "stapo.quickstart.task",
-        *["stapo.checks.startup"] * 5,
+        *["stapo.checks.startup"] * 6,
     ]
-    runs = [shlex.split(line) for line in lines[2:]]
-    assert [run[0] for run in runs] == ["cuts=all", "cuts=none", "cuts=all", "cuts=all", "cuts=none"]
-    outs = [Path(run[run.index("--out") + 1]).name for run in runs]
-    assert outs == ["warm-1", "off-1", "on-1", "on-2", "off-2"]
-    assert runs[1][-1] == "transfer_queue.backend.SimpleStorage.num_data_storage_units=8"
-    for run in runs:
+    eight = "transfer_queue.backend.SimpleStorage.num_data_storage_units=8"
+    assert _launches(lines) == [
+        ("cuts=all", "no", "warm-1", None),
+        ("cuts=none", "no", "warm-off-1", eight),
+        ("cuts=none", "no", "off-1", eight),
+        ("cuts=all", "no", "on-1", None),
+        ("cuts=all", "no", "on-2", None),
+        ("cuts=none", "no", "off-2", eight),
+    ]
+    for line in lines[2:]:
+        run = shlex.split(line)
         command = run[run.index("--") + 1 :]
         assert command[:4] == ["bash", "scripts/train.sh", "stapo", "qwen3_1.7b"]
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
@@ -251,24 +274,26 @@ def test_the_gpu_script_runs_the_launches_in_order_with_the_cuts_off_and_on(tmp_
         assert config.trainer.n_gpus_per_node == 1 and config.trainer.val_before_train is False
 
 
-def test_the_gpu_script_compiles_the_bytecode_once_with_compiled(tmp_path):
-    """--compiled SITE: the bytecode of SITE and of the run's packages elsewhere exists before the first launch,
-    as after pip's default install."""
-    for folder in ("site", "elsewhere"):
-        (tmp_path / folder / "pkg").mkdir(parents=True)
-        (tmp_path / folder / "pkg" / "mod.py").write_text("X = 1\n")
-    done, lines = _run_gpu_script(tmp_path, "on", "--compiled", str(tmp_path / "site"))
+def test_the_gpu_script_compiles_the_bytecode_before_the_first_launch_with_compiled(tmp_path):
+    """--compiled SITE with the default list: the bytecode of SITE and of the run's packages elsewhere exists when the
+    first launch begins, as after pip's default install; a second call numbers its launches after the first's."""
+    done, lines = _run_gpu_script(tmp_path, "--compiled", str(tmp_path / "site"))
     assert done.returncode == 0, done.stderr
-    for folder in ("site", "elsewhere"):
-        assert list((tmp_path / folder / "pkg" / "__pycache__").glob("mod.*.pyc")), folder
-    assert [line.split()[0] for line in lines[2:]] == ["cuts=all"]
+    assert list((tmp_path / "elsewhere" / "pkg" / "__pycache__").glob("mod.*.pyc"))
+    assert [(b, name) for _, b, name, _ in _launches(lines)] == [
+        ("yes", "warm-1"), ("yes", "warm-off-1"), ("yes", "off-1"), ("yes", "on-1"), ("yes", "on-2"), ("yes", "off-2")
+    ]  # fmt: skip
+    (tmp_path / "calls").unlink()
+    done, lines = _run_gpu_script(tmp_path, "on,warm", "--compiled", str(tmp_path / "site"))
+    assert done.returncode == 0, done.stderr
+    assert [name for *_, name, _ in _launches(lines)] == ["on-3", "warm-2"]
 
 
 @pytest.mark.parametrize(
     "args, error",
     [
-        (["fast"], "a comma list of warm, off and on, or imports alone"),
-        (["on,imports"], "a comma list of warm, off and on, or imports alone"),
+        (["fast"], "a comma list of warm, warm-off, off and on, or imports alone"),
+        (["on,imports"], "a comma list of warm, warm-off, off and on, or imports alone"),
         (["on", "--hot", "x"], "give --cold SITE or --compiled SITE, a folder"),
         (["on", "--compiled", "/nonexistent"], "give --cold SITE or --compiled SITE, a folder"),
     ],
