@@ -225,14 +225,21 @@ def _run_gpu_script(tmp_path, *args):
     return done, calls.read_text().splitlines() if calls.exists() else []
 
 
-def _launches(lines):
-    """(cuts, bytecode at the start, --out folder's name, the storage-unit override or None) of each launch."""
+EIGHT_UNITS = "transfer_queue.backend.SimpleStorage.num_data_storage_units=8"
+
+
+def _runs(lines):
+    """The launches' calls, split into words."""
     import shlex
 
-    runs = [shlex.split(line) for line in lines if " stapo.checks.startup " in line]
-    units = "transfer_queue.backend.SimpleStorage.num_data_storage_units=8"
+    return [shlex.split(line) for line in lines if " stapo.checks.startup " in line]
+
+
+def _launches(lines):
+    """(cuts, bytecode at the start, --out folder's name, the storage-unit override or None) of each launch."""
     return [
-        (run[0], run[1], Path(run[run.index("--out") + 1]).name, units if run[-1] == units else None) for run in runs
+        (run[0], run[1], Path(run[run.index("--out") + 1]).name, EIGHT_UNITS if run[-1] == EIGHT_UNITS else None)
+        for run in _runs(lines)
     ]
 
 
@@ -241,8 +248,6 @@ def test_the_gpu_script_runs_the_launches_in_order_with_the_cuts_off_and_on(tmp_
     STAPO_STARTUP_CUTS none and verl's 8 storage units for off and warm-off, all for warm and on; the training
     overrides compose with the real config and pass the trainer's checks; --cold removes bytecode before each
     launch."""
-    import shlex
-
     from hydra import compose, initialize_config_dir
 
     from stapo.config import CONFIG_DIR
@@ -255,7 +260,7 @@ def test_the_gpu_script_runs_the_launches_in_order_with_the_cuts_off_and_on(tmp_
         "stapo.quickstart.task",
         *["stapo.checks.startup"] * 6,
     ]
-    eight = "transfer_queue.backend.SimpleStorage.num_data_storage_units=8"
+    eight = EIGHT_UNITS
     assert _launches(lines) == [
         ("cuts=all", "no", "warm-1", None),
         ("cuts=none", "no", "warm-off-1", eight),
@@ -264,8 +269,7 @@ def test_the_gpu_script_runs_the_launches_in_order_with_the_cuts_off_and_on(tmp_
         ("cuts=all", "no", "on-2", None),
         ("cuts=none", "no", "off-2", eight),
     ]
-    for line in lines[2:]:
-        run = shlex.split(line)
+    for run in _runs(lines):
         command = run[run.index("--") + 1 :]
         assert command[:4] == ["bash", "scripts/train.sh", "stapo", "qwen3_1.7b"]
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
