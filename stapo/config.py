@@ -13,7 +13,7 @@ import functools
 import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Literal, get_args, get_type_hints
+from typing import Literal, get_args, get_origin, get_type_hints
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -177,12 +177,23 @@ class StapoConfig:
             "train on the same rollouts (the training side's determinism apart from vLLM's); empty: none"
         },
     )
+    deadline: str | float = field(
+        default="",
+        metadata={
+            "help": "seconds from the launch, or a time (ISO 8601, local unless zoned), by which the run saves and "
+            "exits with status 3 (the same command resumes); empty: the Slurm job's end time, if any"
+        },
+    )
+    deadline_margin: float = field(
+        default=60.0,
+        metadata={"help": "seconds kept free before the deadline beside the longest step and save so far"},
+    )
 
     def __post_init__(self) -> None:
         hints = get_type_hints(type(self))
         for f in fields(self):
             value, kind = getattr(self, f.name), hints[f.name]
-            if get_args(kind) and kind.__origin__ is Literal:
+            if get_origin(kind) is Literal:
                 if value not in get_args(kind):
                     allowed = ", ".join(get_args(kind))
                     raise StapoConfigError(f"stapo.{f.name}={value!r} is not allowed; use one of: {allowed}")
@@ -201,6 +212,13 @@ class StapoConfig:
                 f"stapo.silence={self.silence} is an ablation of the S2T mask built on the driver: it needs "
                 "stapo.mask=s2t and stapo.policy_source=old"
             )
+        if self.deadline != "":
+            from stapo.train.deadline import DeadlineError, parse_deadline
+
+            try:
+                parse_deadline(self.deadline, 0.0)
+            except DeadlineError as error:
+                raise StapoConfigError(str(error)) from None
         if self.record_rollouts and self.replay_rollouts:
             raise StapoConfigError(
                 "stapo.record_rollouts and stapo.replay_rollouts are both set: a run records its rollouts or replays "
@@ -234,4 +252,5 @@ _RANGES = {
     "q": (lambda v: 0.0 <= v <= 1.0, "it must be a number in [0, 1] (paper: 0.75)"),
     "top_entropy_ratio": (lambda v: 0.0 < v <= 1.0, "it must be a number in (0, 1] (20-Entropy: 0.2)"),
     "observe_tau_p": (lambda v: 0.0 <= v <= 1.0, "it must be a number in (0, 1], or 0 for none"),
+    "deadline_margin": (lambda v: 0.0 <= v < math.inf, "it must be seconds, 0 or more (default 60)"),
 }

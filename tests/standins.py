@@ -16,7 +16,9 @@ steps of a chain, a missing folder or a lost log fails the test that runs the ch
   the last), and a checkpoint every ``save_freq`` steps and at the last one, through verl's own
   ``FSDPCheckpointManager``. The metrics' values are made up (no model is trained); their keys are verl's. Like the
   recipe's trainer it resumes after the checkpoint that ``latest_checkpointed_iteration.txt`` names, setting the
-  earlier metrics aside (``trainer.resume_mode=auto``, verl's default); ``STANDIN_STEP_S`` paces its steps.
+  earlier metrics aside (``trainer.resume_mode=auto``, verl's default), and saves and exits with status 3 before
+  ``stapo.deadline`` or on SIGUSR1/SIGTERM (:mod:`stapo.train.deadline`, with the recipe trainer's order: the save
+  after the step, its metrics, then the stop); ``STANDIN_STEP_S`` paces its steps.
 * ``checkpoint`` writes the model folder's weights as verl's FSDP checkpoint (``global_step_N/actor`` of
   ``RUN_DIR``, ``data.pt`` and ``latest_checkpointed_iteration.txt``): the model is sharded with verl's own
   ``apply_fsdp2`` over ``N`` CPU processes (gloo), as the engine shards it over N GPUs, and saved by verl's
@@ -126,9 +128,12 @@ def train(argv: list[str]) -> None:
 
     from stapo.config import CONFIG_DIR
     from stapo.tools.io import set_aside
-    from stapo.train.main import validate
+    from stapo.train import deadline
+    from stapo.train.main import finish_stop, prepare_stop, validate
     from stapo.train.trainer import file_logger_path
 
+    start = deadline.launched_at()
+    deadline.arm()
     method = next(a.split("=", 1)[1] for a in argv if a.startswith("--config-name="))
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
         config = compose(method, [a for a in argv if not a.startswith("--")])
@@ -137,29 +142,44 @@ def train(argv: list[str]) -> None:
     AutoConfig.from_pretrained(model)  # the model folder the run starts from
     pq.read_table(config.data.train_files, columns=["prompt"])
     source = pq.read_table(config.data.val_files, columns=["data_source"]).column(0)[0].as_py()
+    folder = prepare_stop(config, start)
     trainer = config.trainer
     steps, val_n = trainer.total_training_steps, config.actor_rollout_ref.rollout.val_kwargs.n
     os.environ.update(config.ray_kwargs.ray_init.runtime_env.get("env_vars") or {})  # what Ray gives the TaskRunner
-    tracker = Path(trainer.default_local_dir) / "latest_checkpointed_iteration.txt"
+    tracker = folder / "latest_checkpointed_iteration.txt"
     first = int(tracker.read_text()) + 1 if trainer.resume_mode == "auto" and tracker.is_file() else 1
     set_aside(file_logger_path(config), segment=first > 1)
     logger = FileLogger(trainer.project_name, trainer.experiment_name)  # $VERL_FILE_LOGGER_PATH
     validation = {f"val-core/{source}/acc/mean@{val_n}": 0.25}
     if trainer.val_before_train and first == 1:
         logger.log(validation, step=0)
+    clock, stop = deadline.StepClock.of(config.stapo.deadline, stapo.deadline_margin, start), None  # as STAPOMixin
     for step in range(first, steps + 1):
+        if stop is not None:  # STAPOMixin.on_step_begin
+            deadline.answer(folder, step - 1, stop)
+            break
+        began = time.time()
+        clock.began(began)
         time.sleep(float(os.environ.get("STANDIN_STEP_S", 0)))
         metrics = {"critic/score/mean": 0.3, "actor/entropy": 0.5 - 0.01 * step, "actor/grad_norm": 0.2}
         metrics |= {"response_length/mean": 40.0, "s2t/spurious_frac": 0.001, "s2t/candidate_frac": 0.002}
         if stapo.active:
             metrics |= {"stapo/candidate_tokens": 4.0, "stapo/masked_tokens": 3.0, "stapo/masked_frac": 0.001}
+        saved = trainer.save_freq > 0 and (step % trainer.save_freq == 0 or step == steps)
+        if saved:
+            saving = time.time()
+            write_checkpoint(model, folder, step)
+            clock.saved(time.time() - saving)
+        if step < steps and (stop := deadline.requested(folder) or clock.ended(time.time())):  # .on_step_end
+            if not saved:
+                write_checkpoint(model, folder, step)
+            print(f"STAPO: saved step {step}: {stop}; stopping before the next step", flush=True)
         if trainer.test_freq > 0 and (step % trainer.test_freq == 0 or step == steps):
             metrics |= validation
-        logger.log(metrics, step=step)
+        logger.log(metrics | {"timing_s/step": time.time() - began}, step=step)
         print(f"step:{step} - critic/score/mean:0.3", flush=True)
-        if trainer.save_freq > 0 and (step % trainer.save_freq == 0 or step == steps):
-            write_checkpoint(model, Path(trainer.default_local_dir), step)
     logger.finish()
+    finish_stop(config, folder)
 
 
 def evaluate(argv: list[str]) -> None:

@@ -30,11 +30,13 @@ def args(tmp_path, task, *extra):
 
 
 def test_record_replay_halt_and_resume_compare_to_the_bit(tmp_path, task, monkeypatch, foreign_ray_ignored):
+    """The halted run, and runs stopped by SIGUSR1 and by a deadline (stapo.train.deadline, in the stand-in as in the
+    recipe's trainer), each resumed: all equal to the replay run; the stopped ones lose no step's metrics."""
     monkeypatch.setattr(clusters, "HANDOVER_S", 1.0)
     monkeypatch.setattr(replay, "TRAINER", [sys.executable, str(standins.HERE), "train"])
-    monkeypatch.setenv("STANDIN_STEP_S", "1")  # the halt must see the checkpoint before the run ends
+    monkeypatch.setenv("STANDIN_STEP_S", "1")  # the halt and the signal must see a step before the run ends
     with pytest.raises(SystemExit) as done:
-        replay.main(args(tmp_path, task, "--steps", "4", "--halt", "2"))
+        replay.main(args(tmp_path, task, "--steps", "4", "--halt", "2", "--signal", "1", "--deadline", "2"))
     out = tmp_path / "out"
     assert done.value.code == 0, "\n".join(log.read_text()[-1500:] for log in (out / "runs").glob("*/train.log"))
     assert "halted at the checkpoint of step 2" in (out / "runs" / "halt2" / "train.log").read_text()
@@ -42,9 +44,16 @@ def test_record_replay_halt_and_resume_compare_to_the_bit(tmp_path, task, monkey
     assert "step:1" not in (out / "runs" / "halt2-resumed" / "train.log").read_text()  # resumed after step 2
     record = json.loads((out / "replay.json").read_text())
     assert record["equal"] and record["weights_equal"]
-    assert set(record["weights_sha256"]) == {"replay", "record", "halt2"}
+    assert set(record["weights_sha256"]) == {"replay", "record", "halt2", "signal1", "deadline"}
     assert all(set(c["steps"]) | {2} == {1, 2, 3, 4} and c["metrics"] > 3 for c in record["comparisons"].values())
-    assert record["comparisons"]["record"]["missing"] == []
+    for folder in ("record", "signal1", "deadline"):
+        assert record["comparisons"][folder]["missing"] == []
+    signalled = (out / "runs" / "signal1" / "train.log").read_text()
+    assert "SIGUSR1 sent after step 1" in signalled and f"saved step {record['stopped_at']['signal1']} in" in signalled
+    assert record["stopped_at"]["halt2"] == 2 and record["stopped_at"]["signal1"] in (2, 3)
+    assert 1 <= record["stopped_at"]["deadline"] <= 3 and record["deadline_s"] > 60  # the guessed save: 60 s
+    times = json.loads((out / "runs" / "record" / "times.json").read_text())
+    assert list(times) == ["1", "2", "3", "4"] and times["1"] < times["2"] < times["4"]
     assert (out / "halt2" / "metrics.1.jsonl").is_file()  # the steps before the halt, set aside on resume
     assert (out / "replay.md").read_text().endswith("verdict: identical to the bit\n")
     foreign_ray_ignored()
@@ -58,16 +67,18 @@ def test_every_run_has_the_tape_and_determinism(tmp_path, task):
     )
     legs = [
         replay.Leg("record", "record", "stapo.record_rollouts"),
-        replay.Leg("halt3", "halt3", "stapo.replay_rollouts", 3, kill=True),
+        replay.Leg("halt3", "halt3", "stapo.replay_rollouts", 3, "kill"),
+        replay.Leg("deadline", "deadline", "stapo.replay_rollouts", 0, "deadline", deadline_s=95.24),
     ]
-    for leg, tape in zip(legs, ("record_rollouts", "replay_rollouts"), strict=True):
+    for leg, tape in zip(legs, ("record_rollouts", "replay_rollouts", "replay_rollouts"), strict=True):
         argv = replay.overrides(leg, parsed)
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
             config = compose(argv[0].split("=")[1], argv[1:])
-        validate(config, environment=False)
+        stapo = validate(config, environment=False)
         assert config.stapo[tape] == str(tmp_path / "tape") and config.actor_rollout_ref.rollout.full_determinism
         assert config.trainer.save_freq == (3 if leg.halt else 6)
         assert config.trainer.default_local_dir == str(tmp_path / leg.folder / "ckpt")
+        assert (stapo.deadline, stapo.deadline_margin) == ((95.2, 0) if leg.stop == "deadline" else ("", 60))
 
 
 @pytest.mark.parametrize(
@@ -75,6 +86,8 @@ def test_every_run_has_the_tape_and_determinism(tmp_path, task):
     [
         (["--steps", "1"], "--steps 1: a replay needs at least 2 steps"),
         (["--halt", "6"], "--halt 6: halt between step 1 and step 5"),
+        (["--signal", "5"], "--signal 5: signal after a step between 1 and 4 (--steps 6)"),
+        (["--deadline", "6"], "--deadline 6: a step between 1 and 5 (--steps 6)"),
     ],
 )
 def test_bad_options_stop_before_any_run(tmp_path, task, capsys, extra, message):

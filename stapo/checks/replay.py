@@ -1,7 +1,9 @@
-"""Is the training side exact on its own? Runs that train on one recording of rollouts, compared to the bit (issue 54).
+"""Is the training side exact on its own? Runs that train on one recording of rollouts, compared to the bit.
 
-    python -m stapo.checks.replay run --model DIR --data DIR --out DIR [--steps 6] [--halt 2 3] [-- OVERRIDE ...]
+    python -m stapo.checks.replay run --model DIR --data DIR --out DIR [--steps 6] [--halt 2 3] [--signal K]
+                                      [--deadline K] [-- OVERRIDE ...]
     python -m stapo.checks.replay halt --at STEP --checkpoints DIR -- COMMAND ...
+    python -m stapo.checks.replay watch --metrics FILE --times FILE [--signal-at K] [--stops] -- COMMAND ...
 
 vLLM 0.24's generation on an H200 depends on the batch around a request (docs/determinism.md), so two runs of one
 command differ from their first step whatever the trainer does. ``run`` takes vLLM out of the question: a *record*
@@ -18,8 +20,16 @@ kills one run mid-epoch and one at the epoch's end. The replayed runs share the 
 :func:`stapo.train.clusters.launch`). ``OUT/replay.md`` holds the tables, ``OUT/replay.json`` the verdicts and
 digests; the exit code is 0 when every comparison is equal to the bit, 1 when one differs.
 
+A run that outlives its job (:mod:`stapo.train.deadline`): ``--signal K`` adds a replayed run sent SIGUSR1 once it
+logged step K, which must save at the end of the step under way, log it, exit with status 3 and, resumed, end as the
+replay run; ``--deadline K`` adds one whose ``stapo.deadline`` falls near step K (from the record run's pace: its
+launch to step K, plus its longest step and a guessed save, margin 0), which must do the same. Neither may lose a
+step's metrics, and their checkpoint is the stop's own (``trainer.save_freq`` is the run's length).
+
 ``halt`` runs COMMAND in a process group of its own and kills the group once ``DIR/latest_checkpointed_iteration.txt``
-says STEP (or later), as a preempted job is killed; it exits 0 then, and 1 if COMMAND ended first.
+says STEP (or later), as a preempted job is killed; it exits 0 then, and 1 if COMMAND ended first. ``watch`` runs
+COMMAND, writes when each step appeared in the metrics FILE (seconds from the launch) to the times FILE, sends SIGUSR1
+once step K appeared, as Slurm's ``--signal`` would; it exits 0 when COMMAND exits 3 (``--stops``) or 0 (without).
 """
 
 from __future__ import annotations
@@ -52,14 +62,17 @@ STALL_S = 600.0
 @dataclass(frozen=True)
 class Leg:
     """One launch: ``name`` (its log folder, ``OUT/runs/NAME``), the run folder it trains in (checkpoints, metrics;
-    a halted run and its resumption share one), the tape key, the step of its one checkpoint before the end (0: only
-    the end) and whether it is killed there."""
+    a stopped run and its resumption share one), the tape key, the step of its one checkpoint before the end (0: only
+    the end), and how it stops early: ``kill`` at that checkpoint, ``signal`` (SIGUSR1 after step ``at``),
+    ``deadline`` (``stapo.deadline`` = ``deadline_s``), or not at all."""
 
     name: str
     folder: str
     tape: str
     halt: int = 0
-    kill: bool = False
+    stop: str = ""
+    at: int = 0
+    deadline_s: float = 0.0
 
 
 def overrides(leg: Leg, args: argparse.Namespace) -> list[str]:
@@ -77,6 +90,7 @@ def overrides(leg: Leg, args: argparse.Namespace) -> list[str]:
         "data.max_prompt_length": 192,  # SmolLM2's chat template and a word problem: no prompt filtered out
         "data.max_response_length": 128,
         leg.tape: args.out / "tape",
+        **({"stapo.deadline": f"{leg.deadline_s:.1f}", "stapo.deadline_margin": 0} if leg.stop == "deadline" else {}),
         **dict(override.split("=", 1) for override in args.overrides),
     }
     base = tiny_run_overrides(args.model, args.data / "train.parquet", folder, steps=args.steps, reward=REWARD)
@@ -174,6 +188,11 @@ def check(args: argparse.Namespace) -> str | None:
         return f"--tau-p {args.tau_p}: a probability in (0, 1]"
     if bad := [k for k in args.halt if not 0 < k < args.steps]:
         return f"--halt {bad[0]}: halt between step 1 and step {args.steps - 1} (--steps {args.steps})"
+    # a signal after step K is acted on at the end of step K + 1, which must not be the last
+    if bad := [k for k in args.signal if not 0 < k < args.steps - 1]:
+        return f"--signal {bad[0]}: signal after a step between 1 and {args.steps - 2} (--steps {args.steps})"
+    if not 0 <= args.deadline < args.steps:
+        return f"--deadline {args.deadline}: a step between 1 and {args.steps - 1} (--steps {args.steps})"
     if not (args.model / "config.json").is_file():
         return f"--model {args.model}: no config.json there; name a Hugging Face model folder"
     if not (args.data / "train.parquet").is_file():
@@ -186,35 +205,106 @@ def check(args: argparse.Namespace) -> str | None:
     )
 
 
-def run(args: argparse.Namespace) -> int:
-    legs = [Leg(f"halt{k}", f"halt{k}", "stapo.replay_rollouts", k, kill=True) for k in args.halt]
+def watch(command: Sequence[str], metrics: Path, times: Path, signal_at: int = 0, stops: bool = False) -> int:
+    """Run ``command``; note when each step appears in ``metrics`` (seconds from the launch, into ``times``), send it
+    SIGUSR1 once step ``signal_at`` did; 0 if it exits with status 3 (``stops``) or 0 (without), else 1."""
+    from stapo.train.deadline import RESUME_EXIT
 
+    start, seen, signalled = time.time(), {}, False
+    process = subprocess.Popen(list(command))
+    while True:
+        ended = process.poll() is not None
+        for step in logged_steps(metrics):
+            seen.setdefault(step, round(time.time() - start, 1))
+        if signal_at and signal_at in seen and not signalled and not ended:
+            process.send_signal(signal.SIGUSR1)
+            print(f"SIGUSR1 sent after step {signal_at}", flush=True)
+            signalled = True
+        if ended:
+            break
+        time.sleep(HALT_POLL_S)
+    write_atomic(times, json.dumps(seen) + "\n")
+    expected = RESUME_EXIT if stops else 0
+    if process.returncode != expected:
+        print(f"error: the run exited {process.returncode}, not {expected}", flush=True)
+        return 1
+    return 0
+
+
+def logged_steps(metrics: Path) -> list[int]:
+    """The steps of the lines verl's FileLogger wrote whole to ``metrics`` so far."""
+    try:
+        lines = metrics.read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    steps = []
+    for line in lines:
+        try:
+            steps.append(int(json.loads(line)["step"]))
+        except (ValueError, KeyError, TypeError):
+            continue  # a line being written
+    return steps
+
+
+def deadline_seconds(times: dict, metrics: Path, at: int) -> float:
+    """``stapo.deadline`` (seconds from the launch, margin 0) that a run at the record run's pace reaches at the end of
+    step ``at``: its launch to step ``at``, plus its longest step so far and a guessed save, less half a step
+    (:func:`stapo.train.deadline.must_stop`)."""
+    from stapo.train.deadline import SAVE_GUESS_S
+
+    step_s = read_metrics(metrics)["timing_s/step"]
+    longest = max(step_s[k] for k in range(1, at + 1))
+    return times[str(at)] + longest + SAVE_GUESS_S - step_s[at] / 2
+
+
+def run(args: argparse.Namespace) -> int:
     def command(leg: Leg) -> list:
         train = [*TRAINER, *overrides(leg, args)]
-        if not leg.kill:
-            return train
-        stop = [sys.executable, "-m", "stapo.checks.replay", "halt", "--at", leg.halt]
-        return [*stop, "--checkpoints", args.out / leg.folder / "ckpt", "--", *train]
+        if leg.stop == "kill":
+            stop = [sys.executable, "-m", "stapo.checks.replay", "halt", "--at", leg.halt]
+            return [*stop, "--checkpoints", args.out / leg.folder / "ckpt", "--", *train]
+        watcher = [sys.executable, "-m", "stapo.checks.replay", "watch", "--metrics", args.out / leg.folder /
+                   "metrics.jsonl", "--times", args.out / "runs" / leg.name / "times.json"]  # fmt: skip
+        if leg.stop == "signal":
+            watcher += ["--signal-at", leg.at]
+        return [*watcher, *["--stops"] * bool(leg.stop), "--", *train]
 
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a kill stops the runs and their clusters too
-    stages = (
-        [Leg("record", "record", "stapo.record_rollouts")],
-        [Leg("replay", "replay", "stapo.replay_rollouts"), *legs],
-        [Leg(f"{leg.name}-resumed", leg.folder, leg.tape, leg.halt) for leg in legs],
-    )
-    for stage in stages:
+    def run_stage(stage: list[Leg]) -> bool:
         for leg in stage:  # verl's FileLogger opens its file there and makes no folder
             (args.out / leg.folder).mkdir(exist_ok=True)
         codes = launch(stage, command, ["0"] * len(stage), args.out, STALL_S)
         if failed := sorted(name for name, code in codes.items() if code):
             print(f"error: {', '.join(failed)} failed (logs: {args.out / 'runs'})", file=sys.stderr)
-            return 2
-    record, tables = verdicts(args.out, {"record": 0, **{leg.folder: leg.halt for leg in legs}}, args.steps)
+        return not failed
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a kill stops the runs and their clusters too
+    if not run_stage([Leg("record", "record", "stapo.record_rollouts")]):
+        return 2
+    stopped = [Leg(f"halt{k}", f"halt{k}", "stapo.replay_rollouts", k, "kill") for k in args.halt]
+    stopped += [Leg(f"signal{k}", f"signal{k}", "stapo.replay_rollouts", 0, "signal", at=k) for k in args.signal]
+    if args.deadline:
+        times = json.loads((args.out / "runs" / "record" / "times.json").read_text())
+        seconds = deadline_seconds(times, args.out / "record" / "metrics.jsonl", args.deadline)
+        stopped.append(Leg("deadline", "deadline", "stapo.replay_rollouts", 0, "deadline", deadline_s=seconds))
+    if not run_stage([Leg("replay", "replay", "stapo.replay_rollouts"), *stopped]):
+        return 2
+    if not run_stage([Leg(f"{leg.name}-resumed", leg.folder, leg.tape, leg.halt) for leg in stopped]):
+        return 2
+    record, tables = verdicts(args.out, {"record": 0, **{leg.folder: leg.halt for leg in stopped}}, args.steps)
+    record["stopped_at"] = {leg.folder: saved_step(args.out / leg.folder / "ckpt", args.steps) for leg in stopped}
+    record["deadline_s"] = next((leg.deadline_s for leg in stopped if leg.stop == "deadline"), None)
+    record["equal"] = record["equal"] and None not in record["stopped_at"].values()
     verdict = "identical to the bit" if record["equal"] else "differ"
     write_atomic(args.out / "replay.json", json.dumps(record, indent=1) + "\n")
     write_atomic(args.out / "replay.md", f"{tables}\nweights: {record['weights_sha256']}\n\nverdict: {verdict}\n")
     print(f"replayed runs: {verdict} (tables: {args.out / 'replay.md'})")
     return 0 if record["equal"] else 1
+
+
+def saved_step(checkpoints: Path, steps: int) -> int | None:
+    """The step of the checkpoint a stopped run saved before its end (its only one before the last step)."""
+    found = sorted(int(p.name.removeprefix("global_step_")) for p in checkpoints.glob("global_step_*"))
+    return next((step for step in found if step < steps), None)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -226,12 +316,20 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument("--out", type=Path, required=True, help="a new folder for the runs and the verdicts")
     start.add_argument("--steps", type=int, default=6)
     start.add_argument("--halt", type=int, nargs="*", default=[2, 3], help="steps to kill a replayed run after")
+    start.add_argument("--signal", type=int, nargs="*", default=[], help="steps to send a replayed run SIGUSR1 after")
+    start.add_argument("--deadline", type=int, default=0, help="a step near which a replayed run's deadline falls")
     start.add_argument("--tau-p", type=float, default=0.02, help="stapo.tau_p (a 135M model's vocabulary is small)")
     start.add_argument("overrides", nargs="*", help="Hydra overrides for every run, after --")
     stop = commands.add_parser("halt", help="run COMMAND; kill it at the checkpoint of step --at")
     stop.add_argument("--at", type=int, required=True)
     stop.add_argument("--checkpoints", type=Path, required=True, help="the run's trainer.default_local_dir")
     stop.add_argument("cmd", nargs="+", metavar="COMMAND")
+    watching = commands.add_parser("watch", help="run COMMAND, time its steps, send it SIGUSR1 after step K")
+    watching.add_argument("--metrics", type=Path, required=True, help="the run's metrics file (verl's FileLogger)")
+    watching.add_argument("--times", type=Path, required=True, help="where to write when each step appeared")
+    watching.add_argument("--signal-at", type=int, default=0, help="send SIGUSR1 once this step appeared")
+    watching.add_argument("--stops", action="store_true", help="the run must exit with status 3 (saved, stopped)")
+    watching.add_argument("cmd", nargs="+", metavar="COMMAND")
     return parser
 
 
@@ -246,6 +344,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         ):
             parser.exit(2, f"error: {problem}\n")
         raise SystemExit(halt(args.at, args.checkpoints, args.cmd))
+    if args.command == "watch":
+        if problem := (
+            (f"--signal-at {args.signal_at}: a step, 1 or more" if args.signal_at < 0 else None)
+            or output_problem(args.times, "file", "--times")
+            or command_problem(args.cmd)
+        ):
+            parser.exit(2, f"error: {problem}\n")
+        raise SystemExit(watch(args.cmd, args.metrics, args.times, args.signal_at, args.stops))
     if problem := check(args):
         parser.exit(2, f"error: {problem}\n")
     raise SystemExit(run(args))

@@ -14,13 +14,14 @@ import os
 import sys
 from collections.abc import Sequence
 from dataclasses import fields
+from datetime import datetime, timezone
 from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig, open_dict
 
 from stapo.config import CONFIG_DIR, StapoConfig, StapoConfigError, methods, sizes
-from stapo.train import preflight, startup_cuts
+from stapo.train import deadline, preflight, startup_cuts
 
 
 class ConfigError(RuntimeError):
@@ -86,6 +87,42 @@ def absolute_tapes(config: DictConfig) -> None:
                 config.stapo[key] = str(Path(config.stapo[key]).expanduser().absolute())
 
 
+def prepare_stop(config: DictConfig, start: float) -> Path:
+    """Before Ray: the run's checkpoint folder as an absolute path (the driver and the trainer, which may run in
+    another folder or on another node, read the stop files there), ``stapo.deadline`` resolved to a time from its
+    first source (:func:`stapo.train.deadline.find_deadline`), the last launch's stop files removed, and the signals
+    armed; returns the folder."""
+    folder = Path(config.trainer.default_local_dir).expanduser().absolute()
+    found = deadline.find_deadline(config.stapo.get("deadline"), os.environ, start)
+    with open_dict(config):
+        config.trainer.default_local_dir = str(folder)
+        config.stapo.deadline = datetime.fromtimestamp(found[0], timezone.utc).isoformat() if found else ""
+    if found:
+        when = datetime.fromtimestamp(found[0]).astimezone().isoformat(sep=" ", timespec="seconds")
+        print(
+            f"STAPO: deadline {when} ({found[1]}): the run saves and exits with status {deadline.RESUME_EXIT} when "
+            f"its longest step, a save and {config.stapo.deadline_margin:g} s no longer fit"
+        )
+    deadline.clear(folder)
+    deadline.arm(folder)
+    return folder
+
+
+def finish_stop(config: DictConfig, folder: Path) -> None:
+    """After the trainer returned: exit with status 3 if it saved and stopped early, saying how to go on."""
+    saved = deadline.clear(folder)
+    if saved is None:
+        return
+    resume = config.trainer.resume_mode
+    how = (
+        "run the same command to resume from it"
+        if resume == "auto"
+        else f"trainer.resume_mode={resume}: set trainer.resume_mode=auto to resume from it"
+    )
+    print(f"STAPO: saved step {saved['step']} in {folder} ({saved['reason']}); {how}", flush=True)
+    raise SystemExit(deadline.RESUME_EXIT)
+
+
 def run(config: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
@@ -93,12 +130,14 @@ def run(config: DictConfig) -> None:
     forward_env(config)
     absolute_tapes(config)
     preflight.check_installed()
+    folder = prepare_stop(config, deadline.launched_at())
     for line in startup_cuts.apply(config):
         print(f"STAPO: {line}")
     startup_cuts.forward(config)
     from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
 
     run_ppo(config, task_runner_class=TaskRunnerV1)
+    finish_stop(config, folder)
 
 
 def method_settings() -> str:
@@ -206,6 +245,7 @@ def main() -> None:
     if any(arg in ("-h", "--help") for arg in sys.argv[1:]):
         print(usage())
         return
+    deadline.arm()  # a signal from now on asks for a save (stapo.train.deadline), not the end of the process
     problem = parse_problem(sys.argv[1:])
     if problem:
         print(f"error: {problem}", file=sys.stderr)

@@ -51,11 +51,12 @@ from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils import tensordict_utils as tu
 from verl.utils.config import omega_conf_to_dataclass
+from verl.utils.debug import marked_timer
 
 from stapo.batch_mask import grad_bound_sums, mask_for_update
 from stapo.config import TRAINER_MODES
 from stapo.tools.io import set_aside
-from stapo.train import audit
+from stapo.train import audit, deadline
 from stapo.train.loss import stapo_loss
 from stapo.train.metrics import (
     check_entropy_dtype,
@@ -146,6 +147,11 @@ def file_logger_path(config) -> Path:
     return root / config.trainer.project_name / f"{config.trainer.experiment_name}.jsonl"
 
 
+class _SavedToResume(Exception):
+    """Raised before a step begins after :meth:`STAPOMixin.on_step_end` saved for a deadline or a signal; ends
+    ``fit``."""
+
+
 def resume_position_problem(state: dict | None, global_steps: int, steps_per_epoch: int, batch_size: int) -> str | None:
     """Why a resumed run at ``global_steps`` would not continue the prompt stream where the checkpoint left it, from
     the dataloader state verl restored (``StatefulDataLoader.state_dict()`` of ``data.pt``); None if it does."""
@@ -176,7 +182,41 @@ class STAPOMixin:
         self.stapo = validate_training_config(config)
         self._submitted: dict[str, int] = {}  # uid -> submission number, with full_determinism (_balance_batch)
         self._submissions = itertools.count()
+        self._clock = deadline.StepClock.of(self.stapo.deadline, self.stapo.deadline_margin, time.time())
+        self._stop_reason: str | None = None
         super().__init__(config)
+
+    # A deadline or a signal (stapo.train.deadline): at the end of a step, save where verl saves; before the next
+    # step begins (the step's metrics are logged by then), stop; fit returns and the driver exits with status 3.
+    def fit(self, agent_loop_manager):
+        try:
+            super().fit(agent_loop_manager)
+        except _SavedToResume:
+            self._shutdown_dump_executor()
+
+    def on_step_begin(self):
+        if self._stop_reason is not None:
+            deadline.answer(Path(self.config.trainer.default_local_dir), self.global_steps - 1, self._stop_reason)
+            raise _SavedToResume
+        self._clock.began(time.time())
+        super().on_step_begin()
+
+    def on_step_end(self):
+        if self.global_steps < self.total_training_steps:  # the last step ends the run anyway
+            folder = Path(self.config.trainer.default_local_dir)
+            reason = deadline.requested(folder) or self._clock.ended(time.time())
+            if reason is not None:
+                if "save_checkpoint" not in self.timing_raw:  # verl did not save this step itself
+                    with marked_timer("save_checkpoint", self.timing_raw, color="green"):
+                        self._save_checkpoint()
+                print(f"STAPO: saved step {self.global_steps}: {reason}; stopping before the next step", flush=True)
+                self._stop_reason = reason
+        super().on_step_end()
+
+    def _save_checkpoint(self):
+        start = time.time()
+        super()._save_checkpoint()
+        self._clock.saved(time.time() - start)
 
     def _build_replay_buffer(self):
         # verl 0.9.1 tests for its own mode names (module docstring); its base class read parameter_sync_step from
