@@ -159,6 +159,37 @@ def test_the_gpu_script_probes_every_setting_beside_the_replay(tmp_path):
     assert refused.returncode == 2 and "unknown option" in refused.stderr
 
 
+def test_the_deadline_script_runs_the_signal_and_deadline_legs(tmp_path):
+    """scripts/gpu/deadline.sh as printed, from a folder that does not exist yet, with the same stand-in Python: the
+    model converted from --src, the task, and the replay check with a SIGUSR1 leg after step 2 and a deadline leg near
+    step 4 (no halted legs), arguments its real parser accepts and a config that passes the trainer's checks."""
+    import shlex
+    import subprocess
+
+    calls = tmp_path / "calls"
+    standin = tmp_path / "python"
+    standin.write_text(STANDIN.format(python=sys.executable, calls=str(calls)))
+    standin.chmod(0o755)
+    script = Path(__file__).parents[1] / "scripts" / "gpu" / "deadline.sh"
+    out, gguf = tmp_path / "new" / "dl", tmp_path / "sm.gguf"
+    gguf.write_bytes(b"GGUF")
+    env = {"PATH": "/usr/bin:/bin", "STAPO_PYTHON": str(standin), "PYTHONPATH": str(Path(__file__).parents[1])}
+    done = subprocess.run(["bash", str(script), str(out), "--src", str(gguf)], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    lines = calls.read_text().splitlines()
+    assert lines[0].startswith(f"-m stapo.tools.pretrained --out {out}/smollm2/raw --src {gguf}")
+    assert lines[1].startswith(f"-m stapo.quickstart.task word --difficulty 1 --train 48 --val 8 --out {out}/task")
+    (model := out / "smollm2" / "raw").mkdir(parents=True)  # what the stand-in did not write
+    (model / "config.json").write_text("{}")
+    (out / "task").mkdir()
+    (out / "task" / "train.parquet").write_bytes(b"")
+    args = replay.build_parser().parse_args(shlex.split(lines[2])[2:-1])
+    assert (args.halt, args.signal, args.deadline, args.steps) == ([], [2], 4, 6) and args.out == out / "replay"
+    assert replay.check(args) is None  # the options, every leg's config, the new output folder
+    usage = subprocess.run(["bash", str(script), "--help"], capture_output=True, text=True)
+    assert usage.returncode == 0 and "outlives its job" in usage.stdout
+
+
 def test_a_missing_step_fails_unless_a_kill_took_its_log_line(tmp_path, monkeypatch):
     """verl writes a step's checkpoint before it logs the step: a run halted at step 2 may miss step 2's line (on the
     H200, halt2 did), which passes; a run missing any other step fails, as does a differing value."""
