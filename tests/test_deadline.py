@@ -229,6 +229,55 @@ def test_the_driver_takes_a_signal_while_it_waits_in_ray_get(tmp_path, foreign_r
     foreign_ray_ignored()
 
 
+IN_RUN_PPO = """
+import sys, time
+from pathlib import Path
+import ray
+from hydra import compose, initialize_config_dir
+from stapo.config import CONFIG_DIR
+from stapo.train import deadline
+from stapo.train.main import ArmedRunner, finish_stop, prepare_stop
+from verl.trainer.main_ppo import run_ppo
+
+@ray.remote
+class StandInRunner:  # verl's TaskRunnerV1 needs GPUs; it reads the request at a step's end
+    def run(self, config):
+        folder = Path(config.trainer.default_local_dir)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "started").touch()
+        while deadline.requested(folder) is None:
+            time.sleep(0.1)
+        deadline.answer(folder, 9, deadline.requested(folder))
+
+deadline.arm()  # as main() does
+with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+    config = compose("stapo", [f"trainer.default_local_dir={sys.argv[1]}", "ray_kwargs.ray_init.num_cpus=1",
+                               "+ray_kwargs.ray_init.include_dashboard=False"])
+folder = prepare_stop(config, deadline.launched_at())
+run_ppo(config, task_runner_class=ArmedRunner(StandInRunner))  # verl's own: ray.init, the runner, ray.get
+finish_stop(config, folder)
+"""
+
+
+def test_sigterm_asks_for_a_save_also_after_verls_ray_init(tmp_path, foreign_ray_ignored):
+    """verl's ``run_ppo`` starts Ray in the driver, and Ray's ``ray.init`` and local node replace the driver's SIGTERM
+    handler with their own, which end the run at once (without :class:`ArmedRunner`: killed, -6); the recipe arms
+    its own again when the runner is created."""
+    folder = tmp_path / "ckpt"
+    driver = started(tmp_path, IN_RUN_PPO, folder)
+    for _ in range(1200):
+        if (folder / "started").exists() or driver.poll() is not None:
+            break
+        time.sleep(0.1)
+    assert (folder / "started").exists(), driver.stdout.read()
+    driver.send_signal(signal.SIGTERM)
+    out = driver.stdout.read()
+    assert driver.wait(60) == deadline.RESUME_EXIT, out
+    assert f"STAPO: saved step 9 in {folder} (SIGTERM at " in out and "run the same command to resume" in out
+    assert not (folder / deadline.REQUEST_FILE).exists() and not (folder / deadline.SAVED_FILE).exists()
+    foreign_ray_ignored()
+
+
 # ---- the recipe trainer's stop in verl's real fit loop ------------------------------------------------------------
 
 

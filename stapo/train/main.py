@@ -123,6 +123,24 @@ def finish_stop(config: DictConfig, folder: Path) -> None:
     raise SystemExit(deadline.RESUME_EXIT)
 
 
+class ArmedRunner:
+    """verl's task runner class as ``run_ppo`` takes it, the driver's signals armed again when ``run_ppo`` creates the
+    runner: Ray 2.60's ``ray.init`` (and the local node it starts) install SIGTERM handlers of their own in the driver,
+    which would end it at once instead of asking for a save (:mod:`stapo.train.deadline`). Ray's own shutdown still
+    runs when the driver exits."""
+
+    def __init__(self, cls):
+        self.cls = cls
+
+    def remote(self, *args, **kwargs):
+        deadline.arm()
+        return self.cls.remote(*args, **kwargs)
+
+    def options(self, **kwargs):
+        deadline.arm()
+        return self.cls.options(**kwargs)
+
+
 def run(config: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
@@ -136,7 +154,7 @@ def run(config: DictConfig) -> None:
     startup_cuts.forward(config)
     from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
 
-    run_ppo(config, task_runner_class=TaskRunnerV1)
+    run_ppo(config, task_runner_class=ArmedRunner(TaskRunnerV1))
     finish_stop(config, folder)
 
 
