@@ -7,14 +7,19 @@
 #     this machine if there is none): scripts/slurm.sbatch starts Ray, waits for the node, and reaches the same line;
 # (c) two Slurm nodes simulated on this machine (a second, private Slurm with two slurmd, Slurm's "multiple slurmd"):
 #     slurm.sbatch --nodes=2 starts Ray on both, waits for both, reaches the line with trainer.nnodes=2, stops Ray;
-# (d) with --image: (c) again with STAPO_CONTAINER, Ray and the recipe in the recipe's image (Charliecloud's ch-run).
+# (d) with --image: (c) again with STAPO_CONTAINER, Ray and the recipe in the recipe's image (Charliecloud's ch-run);
+# (e) a run longer than its job, under (b)'s Slurm, with the stand-in trainer (tests/standins.py, which saves and stops
+#     with the recipe's own stapo.train.deadline): a job whose --time ends mid-run saves before the limit, requeues
+#     itself and finishes; the same on `scancel --signal=USR1 --batch`; a job whose training is killed (SIGKILL) and
+#     requeued resumes from the last periodic checkpoint; with STAPO_MAX_REQUEUES=0 it saves and is not requeued.
 # Tiny local data and model files stand in for the real ones, so that only the GPU check fails. Prints PASS/FAIL per
 # check, exits 1 on any failure; stops the Ray heads and the Slurm daemons it started and removes its files.
 usage() {
   cat <<'USAGE'
-usage: bash scripts/check_launchers.sh [--yes] [--image DIR]
+usage: bash scripts/check_launchers.sh [--yes] [--image DIR] [--only PARTS]
 Checks scripts/ray_job.sh against a local Ray head and scripts/slurm.sbatch under a one-node Slurm, on this machine,
-without GPUs; prints PASS/FAIL per check and exits 1 on any failure.
+without GPUs, and a run longer than its Slurm job (requeue, signal, kill); prints PASS/FAIL per check and exits 1 on
+any failure.
 It changes the system (as root, on Debian): installs slurm-wlm and munge with apt-get if they are missing, writes
 /etc/slurm/slurm.conf if there is none, creates /etc/munge/munge.key if there is none, and starts munged, slurmctld
 and slurmd (those it started are stopped at the end; packages and files stay). For (c) it also starts a private
@@ -24,14 +29,16 @@ asks first.
   --image DIR  (d): slurm.sbatch on the two simulated nodes with STAPO_CONTAINER="ch-run ... DIR --", from a host PATH
                without Ray; DIR is the recipe's image as a folder (docker/Dockerfile, unpacked: docs/container.md);
                installs charliecloud-runtime with apt-get if ch-run is missing
+  --only PARTS some of a, b, c, e (d comes with --image), e.g. --only e (it brings up (b)'s Slurm); default: all
   -h, --help   this text
 USAGE
 }
-assume_yes= image=
+assume_yes= image= only=abce
 while [ $# -gt 0 ]; do
   case $1 in
     --yes | -y) assume_yes=1; shift ;;
     --image) [ $# -ge 2 ] || { usage >&2; exit 2; }; image=$(realpath "$2"); shift 2 ;;
+    --only) [[ ${2-} =~ ^[abce]+$ ]] || { usage >&2; exit 2; }; only=$2; shift 2 ;;
     -h | --help) usage; exit 0 ;;
     *) usage >&2; exit 2 ;;
   esac
@@ -217,7 +224,10 @@ overrides=(data.train_files="$tmp/aime24.parquet" data.val_files="$tmp/aime24.pa
 gpu_line='error: trainer\.n_gpus_per_node=[0-9]+ x trainer\.nnodes=1 needs [0-9]+ GPUs; the Ray cluster at [0-9.:]+ has 0'
 needs='needs [0-9]+ GPUs.*has 0'
 
+wants() { [[ $only == *$1* ]]; }  # --only
+
 # --- (a) scripts/ray_job.sh against a local Ray head -------------------------------------------------------------
+if wants a; then  # (to the fi before (b))
 one_line_exit2() {  # expected-text log rc
   [ "$3" = 2 ] && [ "$(wc -l <"$2")" = 1 ] && grep -q -- "$1" "$2" || { echo "  rc=$3:"; sed 's/^/  | /' "$2"; return 1; }
 }
@@ -257,11 +267,15 @@ result $? "(a) ray_job.sh: the job reached the training preflight in the cluster
 kill -TERM $ray_head; wait $ray_head; ray_head=
 wait_gone $(ours "$tmp/|:$port\b") && [ -z "$(ours "$tmp/|:$port\b")" ]
 result $? "(a) Ray head stopped, none of its processes left"
+fi
 
 # --- (b) scripts/slurm.sbatch under a one-node Slurm --------------------------------------------------------------
-slurm_up
-result $? "(b) Slurm up (started here: ${started[*]:-none})" || exit 1
+if wants b || wants e; then
+  slurm_up
+  result $? "(b) Slurm up (started here: ${started[*]:-none})" || exit 1
+fi
 unset RAY_AUTH_MODE  # slurm.sbatch's default
+if wants b; then  # (to the fi before (c))
 # Free ports: another Ray head on this machine may hold 6379. The job passes Slurm's trainer.n_gpus_per_node=0 (the
 # preflight refuses 0); trainer.n_gpus_per_node=1 after it makes the preflight ask the Ray cluster for its GPUs.
 job=$(RAY_PORT=$(free_port) RAY_DASHBOARD_PORT=$(free_port) RAY_DASHBOARD_AGENT_PORT=$(free_port) \
@@ -283,10 +297,12 @@ result $? "(b) the job reached the training preflight in the cluster: $(grep -Eo
 grep -q "^stapo: Ray stopped" "$log" && [ -z "$(ours "/tmp/ray_$job/")" ] && [ "$rc" = 1 ] && [[ $state == *FAILED* ]]
 result $? "(b) Ray stopped at the end; the job's exit status is the training's (1)"
 rm -rf "/tmp/ray_$job"; job=
+fi
 
 # --- (c) scripts/slurm.sbatch on two Slurm nodes simulated on this machine -----------------------------------------
 # Node names n1 and n2 differ from the host name Ray reports for both: slurm.sbatch asks each node for its host name
 # (srun hostname -s) and waits for two Ray nodes of that host; each node's `ray start` has its own pid file.
+if wants c || [ -n "$image" ]; then  # (to the fi after sim_down)
 sim_up
 result $? "(c) two simulated Slurm nodes up (n1, n2 on $(hostname -s); private Slurm in $sim)" || exit 1
 job=$(SLURM_CONF=$sim/slurm.conf RAY_PORT=$(free_port) RAY_DASHBOARD_PORT=$(free_port) \
@@ -338,6 +354,107 @@ if [ -n "$image" ]; then
 fi
 sim_down
 result $? "(c) the simulated Slurm's daemons are stopped and its files removed"
+fi
+
+# --- (e) a run longer than its job, under (b)'s Slurm, with the stand-in trainer ---------------------------------
+# The job's PATH starts with a python3 that runs tests/standins.py's trainer for `-m stapo.train` (verl's needs a
+# GPU) and the real one for everything else: Ray, the node check, the preflight. The stand-in trains a tiny model's
+# checkpoint format and logs verl's metrics; it saves and stops with the recipe's own stapo.train.deadline code.
+if wants e; then
+  mkdir -p "$tmp/bin"
+  real=$(command -v python3)
+  printf '#!/bin/sh
+if [ "$1" = -m ] && [ "$2" = stapo.train ]; then shift 2; exec %s %s train "$@"; fi
+exec %s "$@"
+' \
+    "$real" "$PWD/tests/standins.py" "$real" >"$tmp/bin/python3"
+  chmod +x "$tmp/bin/python3"
+  python3 -c 'import sys; from pathlib import Path; from stapo.quickstart.run import build
+_, paths, model = build(Path(sys.argv[1]), 0, 48, 8, hidden_size=32, num_layers=1); print(model, paths["train"], paths["validation"])' \
+    "$tmp/e-task" >"$tmp/e-task.txt" 2>"$tmp/e-task.log"
+  read -r e_model e_train e_val < <(tail -1 "$tmp/e-task.txt")
+  [ -f "$e_model/config.json" ]
+  result $? "(e) a tiny model and task for the stand-in trainer in $tmp/e-task"
+  e_submit() {  # CASE STEP_S STEPS SAVE_FREQ SBATCH_OPTION...: the job id; its folder is $tmp/e-CASE
+    local dir=$tmp/e-$1 step_s=$2 steps=$3 save_freq=$4; shift 4
+    mkdir -p "$dir"
+    PATH="$tmp/bin:$PATH" STANDIN_STEP_S=$step_s VERL_FILE_LOGGER_PATH="$dir/metrics.jsonl" RAY_PORT=$(free_port) \
+      RAY_DASHBOARD_PORT=$(free_port) RAY_DASHBOARD_AGENT_PORT=$(free_port) sbatch --parsable --nodes=1 \
+      --cpus-per-task=2 --gpus-per-node=0 --output="$dir/slurm.log" "$@" scripts/slurm.sbatch stapo smollm2_135m \
+      actor_rollout_ref.model.path="$e_model" data.train_files="$e_train" data.val_files="$e_val" \
+      trainer.total_training_steps="$steps" trainer.save_freq="$save_freq" trainer.test_freq=-1 \
+      trainer.val_before_train=False trainer.default_local_dir="$dir/ckpt" stapo.deadline_margin=0 \
+      trainer.n_gpus_per_node=1
+  }
+  e_state() { scontrol show job "$1" 2>/dev/null | grep -o 'JobState=[A-Z_]*' | cut -d= -f2; }
+  e_wait() {  # JOB SECONDS: until the job has ended for good (a requeued one runs again first)
+    local state deadline=$((SECONDS + $2))
+    while [ $SECONDS -lt $deadline ]; do
+      state=$(e_state "$1")
+      case $state in COMPLETED | FAILED | CANCELLED | TIMEOUT | NODE_FAIL | OUT_OF_MEMORY) echo "$state"; return 0 ;; esac
+      sleep 3
+    done
+    echo "still $(e_state "$1") after $2 s"; return 1
+  }
+  e_until() {  # FILE PATTERN SECONDS: until FILE has a line matching PATTERN
+    local deadline=$((SECONDS + $3))
+    until grep -q "$2" "$1" 2>/dev/null; do [ $SECONDS -lt $deadline ] || return 1; sleep 1; done
+  }
+  e_steps() {  # DIR: the steps the run logged, over all its segments, once each ("1 2 3 ...")
+    python3 -c 'import sys; from stapo.tools.curves import read_metrics
+print(*sorted(read_metrics(sys.argv[1])["actor/entropy"]))' "$1/metrics.jsonl" 2>/dev/null
+  }
+  e_restarts() { scontrol show job "$1" 2>/dev/null | grep -o 'Restarts=[0-9]*' | cut -d= -f2; }
+  e_verdict() {  # CASE JOB STEPS: every step logged once over the segments, Ray stopped in each, none left
+    local dir=$tmp/e-$1 log=$tmp/e-$1/slurm.log
+    [ "$(e_steps "$dir")" = "$(seq -s ' ' 1 "$3")" ] && [ "$(grep -c '^stapo: Ray stopped' "$log")" -ge 2 ] &&
+      [ -z "$(ours "/tmp/ray_$2/")" ] ||
+      { echo "  steps: $(e_steps "$dir")"; grep -v 'INFO\|^ *$\|Loading weights\|Warning\|warn' "$log" | tail -25 | sed 's/^/  | /'; false; }
+  }
+
+  # (e1) the time limit: 2 minutes, 8 steps of 6 s; the deadline (Slurm's end time) or SIGUSR1 60 s before it
+  job=$(e_submit 1 6 8 -1 --time=2 --signal=B:USR1@60)
+  state=$(e_wait "$job" 900)
+  log=$tmp/e-1/slurm.log
+  saved=$(grep -om1 '^STAPO: saved step [0-9]* in [^ ]* ([^)]*' "$log")
+  [ "$state" = COMPLETED ] && [ "$(e_restarts "$job")" -ge 1 ] && grep -q "^stapo: requeued job $job (1 of 20)" "$log" &&
+    [ -n "$saved" ] && e_verdict 1 "$job" 8
+  result $? "(e1) --time=2 ends mid-run: saved before the limit (${saved#STAPO: }), requeued $(e_restarts "$job") time(s), finished: $state"
+  rm -rf "/tmp/ray_$job"; job=
+
+  # (e2) scancel --signal=USR1 --batch after step 3 of a job with time to spare
+  job=$(e_submit 2 3 8 -1 --time=30)
+  e_until "$tmp/e-2/slurm.log" '^step:3 ' 300 && scancel --signal=USR1 --batch "$job"
+  state=$(e_wait "$job" 600)
+  log=$tmp/e-2/slurm.log
+  saved=$(grep -om1 '^STAPO: saved step [0-9]* in [^ ]* (SIGUSR1' "$log")
+  [ "$state" = COMPLETED ] && grep -q '^stapo: USR1 received' "$log" && [ -n "$saved" ] && e_verdict 2 "$job" 8
+  result $? "(e2) scancel --signal=USR1 --batch after step 3: ${saved#STAPO: }), requeued, finished: $state"
+  rm -rf "/tmp/ray_$job"; job=
+
+  # (e3) the training killed (SIGKILL) after step 5 with a checkpoint every 3 steps; requeued as Slurm requeues a
+  # job whose node failed: it resumes after step 3, the steps 4-5 logged again from their checkpoint's state
+  job=$(e_submit 3 3 8 3 --time=30)
+  e_until "$tmp/e-3/slurm.log" '^step:5 ' 300 && scancel --signal=KILL "$job"
+  state=$(e_wait "$job" 300)
+  scontrol requeue "$job" && state2=$(e_wait "$job" 600)
+  log=$tmp/e-3/slurm.log
+  [ "$state" = FAILED ] && [ "$state2" = COMPLETED ] && [ "$(grep -c '^step:4 ' "$log")" = 2 ] &&
+    [ "$(grep -c '^step:3 ' "$log")" = 1 ] && e_verdict 3 "$job" 8
+  result $? "(e3) SIGKILL after step 5 ($state), requeued: resumed from the checkpoint of step 3, finished: $state2"
+  rm -rf "/tmp/ray_$job"; job=
+
+  # (e4) the bound: STAPO_MAX_REQUEUES=0 saves on SIGUSR1 and ends with status 3, saying how to go on
+  job=$(STAPO_MAX_REQUEUES=0 e_submit 4 3 8 -1 --time=30)
+  e_until "$tmp/e-4/slurm.log" '^step:2 ' 300 && scancel --signal=USR1 --batch "$job"
+  state=$(e_wait "$job" 300)
+  log=$tmp/e-4/slurm.log
+  [ "$state" = FAILED ] && [ "$(e_restarts "$job")" = 0 ] &&
+    grep -q "^stapo: saved; not requeued: job $job ran 1 times (STAPO_MAX_REQUEUES=0). To go on, from .*: sbatch --dependency=afterany:$job " "$log" &&
+    scontrol show job "$job" | grep -q 'ExitCode=3:0'
+  result $? "(e4) STAPO_MAX_REQUEUES=0: saved, not requeued, exit status 3 ($state), the chain command printed"
+  rm -rf "/tmp/ray_$job"; job=
+fi
 
 [ -n "$stale_before" ] || [ ! -e /tmp/ray/ray_current_cluster ]
 result $? "no /tmp/ray/ray_current_cluster left behind"

@@ -9,6 +9,10 @@
 #   docker run --rm --network host -e RAY_ADDRESS stapo-verl bash scripts/ray_job.sh METHOD SIZE
 # Auth: a head started with RAY_AUTH_MODE=disabled needs nothing here; one that uses Ray's token auth needs
 # RAY_AUTH_MODE=token here too, with the same token (~/.ray/auth_token, RAY_AUTH_TOKEN_PATH or RAY_AUTH_TOKEN).
+# A run longer than its job (docs/scale.md): SIGUSR1 or SIGTERM to this script stops the job with `ray job stop`,
+# which sends the training SIGTERM: it saves at the end of its step and exits. This script then exits with status 3,
+# as the training does after a save before its deadline ("saved, run me again"). STAPO_STOP_WAIT_S=3600: how long Ray
+# lets the stopped job save before it kills it (the job's RAY_JOB_STOP_WAIT_TIME_S; Ray's default is 3 s).
 set -euo pipefail
 configs=$(dirname "$0")/../configs
 names() { ls "$1" | sed -n 's/\.yaml$//p' | grep -vx base | paste -sd'|'; }  # config files -> a|b|c
@@ -42,7 +46,28 @@ except urllib.error.HTTPError as error:
 except Exception as error:
     sys.exit(f"error: no Ray dashboard answers at RAY_ADDRESS={address} ({getattr(error, 'reason', error)}): {hint}")
 EOF
-# No job-level runtime env: the recipe's configs give ray.init a runtime env (VERL_USE_EXTERNAL_MODULES, the audit and
-# logger paths), and Ray 2.60 refuses a driver's runtime env that repeats a key of the job's ("Failed to merge the
-# Job's runtime env"), which stopped every job this script submitted (found by gpu_smoke --nodes 2, 2026-11-27).
-exec ray job submit --address="$RAY_ADDRESS" -- python3 -m stapo.train --config-name="$method" size="$size" "$@"
+# The job's runtime env sets only RAY_JOB_STOP_WAIT_TIME_S: the recipe's configs give ray.init a runtime env
+# (VERL_USE_EXTERNAL_MODULES, the audit and logger paths), and Ray 2.60 refuses a driver's runtime env that repeats an
+# env var or another key of the job's ("Failed to merge the Job's runtime env"), which stopped every job this script
+# submitted when both named the same variables (found by gpu_smoke --nodes 2, 2026-11-27).
+id=stapo-$(date +%Y%m%d-%H%M%S)-$$
+wait_s=${STAPO_STOP_WAIT_S:-3600}
+[[ $wait_s =~ ^[0-9]+$ ]] || { echo "error: STAPO_STOP_WAIT_S=$wait_s: give whole seconds" >&2; exit 2; }
+ray job submit --address="$RAY_ADDRESS" --submission-id="$id" \
+  --runtime-env-json="{\"env_vars\": {\"RAY_JOB_STOP_WAIT_TIME_S\": \"$wait_s\"}}" -- \
+  python3 -m stapo.train --config-name="$method" size="$size" "$@" &
+client=$!
+stop() {  # SIGNAL: ask the job to save and stop; bash runs a trap between commands, hence the background client
+  echo "stapo: $1 received; stopping job $id: the training saves at the end of its step"
+  ray job stop --address="$RAY_ADDRESS" --no-wait "$id" >/dev/null
+}
+trap 'stop USR1' USR1
+trap 'stop TERM' TERM
+while kill -0 "$client" 2>/dev/null; do wait "$client" || true; done  # a trapped signal ends a wait early
+wait "$client" && rc=0 || rc=$?
+# Ray reports a job stopped on request as STOPPED and one that exited non-zero as FAILED, not its exit status: the
+# training's own line tells a save before the deadline or on a signal
+if ray job logs --address="$RAY_ADDRESS" "$id" 2>/dev/null | grep -q '^STAPO: saved step '; then
+  exit 3
+fi
+exit "$rc"

@@ -2,6 +2,7 @@
 
 import json
 import os
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -234,6 +235,7 @@ def test_eval_without_src_uses_the_pinned_hub_copies(tmp_path, monkeypatch):
         return [{"problem": f"Problem from {source.repo}", "solution": "so \\boxed{12}"}]
 
     monkeypatch.setattr(data, "_hub_records", fake_hub_records)
+    monkeypatch.setattr(data, "hub_unreachable", lambda: None)
     reports, _ = prepare_eval(None, tmp_path, partial=True)
     assert requested == [data.HUB_EVAL[name] for name in data.BENCHMARKS]
     assert [r.sources for r in reports] == [[f"hf://datasets/{s.repo} ({s.split})"] for s in requested]
@@ -308,6 +310,7 @@ def test_offline_hub_failures_say_what_to_pass(tmp_path, monkeypatch, capsys):
     def offline(*args, **kwargs):
         raise ConnectionError("Max retries exceeded with url: /api/datasets/math-ai/aime24")
 
+    monkeypatch.setattr(data, "hub_unreachable", lambda: None)  # the host resolves, the download fails
     monkeypatch.setattr(data, "_hub_records", offline)
     with pytest.raises(SystemExit):
         data.main(["eval", "--out", str(tmp_path)])
@@ -320,6 +323,28 @@ def test_offline_hub_failures_say_what_to_pass(tmp_path, monkeypatch, capsys):
     with pytest.raises(SystemExit):
         data.main(["train", "--out", str(tmp_path)])
     assert "pass a local copy with --local PATH" in capsys.readouterr().err
+
+
+def test_a_hub_that_cannot_be_reached_is_named_at_once(tmp_path, monkeypatch, capsys):
+    """Offline, the hub's clients retry for about 25 s, a line each; the tool says so in one line at once, for a host
+    name that does not resolve (``.invalid`` never does) and for HF_HUB_OFFLINE."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "ENDPOINT", "https://hub.invalid")
+    start = time.monotonic()
+    with pytest.raises(SystemExit):
+        data.main(["train", "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert time.monotonic() - start < 10 and len(err.strip().splitlines()) == 1
+    assert err.startswith("error: could not download BytedTsinghua-SIA/DAPO-Math-17k: the Hugging Face hub cannot be "
+                          "reached (hub.invalid: ") and err.strip().endswith("pass a local copy with --local PATH")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(SystemExit):
+        data.main(["eval", "--out", str(tmp_path)])
+    assert "cannot be reached (HF_HUB_OFFLINE is set); without hub access, pass a local copy with --src PATH" in (
+        capsys.readouterr().err
+    )
+    assert not list(tmp_path.iterdir())
 
 
 def test_outputs_follow_the_umask(tmp_path):

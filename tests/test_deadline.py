@@ -435,9 +435,9 @@ def task(tmp_path_factory):
     return model, paths
 
 
-def python_standing_in(tmp_path) -> Path:
+def python_standing_in(folder) -> Path:
     """A ``python`` for scripts/train.sh (``PYTHON``) that runs tests/standins.py ``train`` for ``-m stapo.train``."""
-    wrapper = tmp_path / "python"
+    wrapper = folder / "python"
     wrapper.write_text(textwrap.dedent(f"""\
         #!/bin/sh
         if [ "$1" = -m ] && [ "$2" = stapo.train ]; then shift 2; exec {sys.executable} {standins.HERE} train "$@"; fi
@@ -490,3 +490,59 @@ def test_a_deadline_already_passed_saves_at_the_first_step_through_train_sh(tmp_
     assert run.wait(120) == deadline.RESUME_EXIT, out
     assert "STAPO: deadline " in out and "(stapo.deadline)" in out and "saved step 1 in" in out
     assert logged_steps(tmp_path) == [1]
+
+
+def test_ray_job_sh_turns_a_signal_into_a_stop_and_exits_3_and_the_same_command_resumes(tmp_path, task):
+    """scripts/ray_job.sh against a real Ray head (its dashboard, its job supervisor): SIGUSR1 to the script stops the
+    job with ``ray job stop``, whose SIGTERM the training takes as a request to save (Ray waits STAPO_STOP_WAIT_S for
+    it, not its 3 s); the script exits 3; the same command resumes. The head runs with the stand-in ``python3`` first
+    on its PATH, so the job's ``python3 -m stapo.train`` is the stand-in trainer."""
+    import socket
+
+    def free_port():
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            return probe.getsockname()[1]
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    python_standing_in(bin_dir).rename(bin_dir / "python3")
+    port, dash, agent, client = free_port(), free_port(), free_port(), free_port()
+    env = {**os.environ, "PATH": f"{bin_dir}:{Path(sys.executable).parent}:{os.environ['PATH']}",
+           "STANDIN_STEP_S": "2", "VERL_FILE_LOGGER_PATH": str(tmp_path / "metrics.jsonl"),
+           "RAY_TMPDIR": str(tmp_path / "r")}  # fmt: skip
+    head = subprocess.Popen(
+        ["ray", "start", "--head", "--block", f"--port={port}", f"--dashboard-port={dash}", "--num-cpus=2",
+         f"--dashboard-agent-listen-port={agent}", f"--ray-client-server-port={client}", "--num-gpus=0"],
+        cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    model, paths = task
+    cmd = ["bash", str(ROOT / "scripts" / "ray_job.sh"), "stapo", "smollm2_135m", f"actor_rollout_ref.model.path={model}",
+           f"data.train_files={paths['train']}", f"data.val_files={paths['validation']}",
+           "trainer.total_training_steps=6", "trainer.save_freq=-1", "trainer.test_freq=-1",
+           "trainer.val_before_train=False", f"trainer.default_local_dir={tmp_path / 'ckpt'}"]  # fmt: skip
+    job_env = {**os.environ, "RAY_ADDRESS": f"http://127.0.0.1:{dash}", "RAY_AUTH_MODE": "disabled"}
+    try:
+        for _ in range(120):
+            if subprocess.run(["curl", "-sf", "-m", "2", f"http://127.0.0.1:{dash}/api/version"],
+                              capture_output=True).returncode == 0:  # fmt: skip
+                break
+            time.sleep(1)
+        run = subprocess.Popen(cmd, env=job_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        seen = []
+        for line in run.stdout:
+            seen.append(line)
+            if line.startswith("step:2 "):
+                run.send_signal(signal.SIGUSR1)
+                break
+        out = "".join(seen) + run.stdout.read()
+        assert run.wait(180) == deadline.RESUME_EXIT, out
+        saved = int((tmp_path / "ckpt" / "latest_checkpointed_iteration.txt").read_text())
+        assert "stapo: USR1 received; stopping job stapo-" in out and f"STAPO: saved step {saved} in " in out
+        assert "(SIGTERM at " in out and saved in (2, 3) and logged_steps(tmp_path) == list(range(1, saved + 1))
+        again = subprocess.run(cmd, env=job_env, capture_output=True, text=True, timeout=300)
+        assert again.returncode == 0, again.stdout[-3000:]
+        assert logged_steps(tmp_path) == [1, 2, 3, 4, 5, 6] and f"step:{saved} " not in again.stdout
+    finally:
+        os.killpg(head.pid, signal.SIGTERM)
+        head.wait(60)

@@ -173,6 +173,11 @@ ENTRIES = {
         work=("stapo.checks.replay:halt",),
         kinds={"cmd": "text", "--checkpoints": "out-folder"},
     ),
+    "stapo.checks.replay watch": Entry(
+        ("watch", "true", "--metrics", "{W}/metrics.jsonl", "--times", "{W}/times.json"),
+        work=("stapo.checks.replay:watch",),
+        kinds={"cmd": "text", "--metrics": "out-file", "--times": "out-file"},
+    ),
     "stapo.checks.startup run": Entry(
         ("run", "true", "--out", "{W}/startup"), work=("stapo.checks.startup:launch",), kinds={"command": "text"}
     ),
@@ -216,6 +221,8 @@ MEANINGS = {
     "--standalone": {"0": "no standalone vLLM run"},
     "--q": {"0": "q = 0 silences nothing (the paper's range is [0, 1])"},
     "--warmup-target": {"0": "no accuracy target: one warm-up round"},
+    "--deadline": {"0": "no run stopped by a deadline"},
+    "--signal-at": {"0": "no signal"},
     "--label": {"junk!": "any name of the run's folder"},
     "--command": {"junk!": "the command as typed, whatever it is"},
     "--note": {"junk!": "what else ran on the host, in words"},

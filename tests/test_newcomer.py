@@ -83,6 +83,15 @@ def place(tmp_path):
         (["-m", "stapo.quickstart.task", "word", "--val", "0", "--out", "t"], "--val 0: must be a positive"),
         (["bash", "scripts/slurm.sbatch", "stapo", "qwen3_1.7b"], "not inside a Slurm job"),
         (["-m", "stapo.tools.evaluate", "--model", "missing"], "--model missing: no such folder"),
+        # issue 64's list, as a new user met each at commit a7923fb (a misleading line, or many)
+        (["-m", "stapo.train", "--config-name=stapo", "size=smollm2_135m", "stapo.tau_p", "0.1"],
+         "stapo.tau_p 0.1: an override is KEY=VALUE; write stapo.tau_p=0.1"),
+        (["-m", "stapo.train", "--config-name=stapo", "stapo.tau=0.1"],
+         "stapo.tau: no such key in the config; did you mean stapo.tau_p? (a key of your own: +stapo.tau=VALUE)"),
+        (["-m", "stapo.train", "--config-name=stapo", "trainer.total_trainig_steps=2"],
+         "did you mean trainer.total_training_steps?"),
+        (["-m", "stapo.quickstart", "cpu", "--out", "q", "--train", "700", "--val", "100"],
+         "--train 700 + --val 100 = 800 problems, but the task has 729 distinct ones"),
     ],
 )
 def test_misuse_is_one_line_and_leaves_nothing(place, command, expected):
@@ -97,6 +106,35 @@ def test_misuse_is_one_line_and_leaves_nothing(place, command, expected):
     lines = out.stderr.strip().splitlines()
     assert out.returncode != 0 and len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], out
     assert tree(place) == before
+
+
+def test_every_command_train_help_prints_runs_as_printed(tmp_path):
+    """``bash scripts/train.sh --help`` ends with a command to print the composed config: it runs as printed (it
+    once failed as printed: Hydra's ``--cfg job`` took ``job`` for an override), and the help names docs that exist."""
+    help_text = run("bash", str(ROOT / "scripts" / "train.sh"), "--help", cwd=tmp_path).stdout
+    (printed,) = [line.split(": ", 1)[1] for line in help_text.splitlines() if "without running:" in line]
+    assert printed == "python -m stapo.train --config-name=stapo --cfg=job"
+    out = run(sys.executable, *printed.split()[1:], cwd=tmp_path)
+    assert out.returncode == 0 and "stapo:" in out.stdout and "tau_p: 0.002" in out.stdout, out.stderr
+    spaced = run(sys.executable, "-m", "stapo.train", "--config-name", "stapo", "--cfg", "job", cwd=tmp_path)
+    assert spaced.returncode == 0 and "tau_p: 0.002" in spaced.stdout, spaced.stderr  # Hydra's spelling works too
+    for doc in {word.strip("();,:") for word in help_text.split() if word.startswith(("docs/", "(docs/"))}:
+        assert (ROOT / doc).is_file(), doc
+
+
+def test_the_smollm2_size_files_missing_model_folder_is_named_before_ray(tmp_path):
+    """The smollm2 size file's model is ``models/smollm2``, a relative path of two parts like a hub id (ORG/NAME); the
+    hub keeps the name ``models``, so a missing folder is named before Ray starts, with how to make it."""
+    data = tmp_path / "d.parquet"
+    out = run(sys.executable, "-m", "stapo.train", "--config-name=stapo", "size=smollm2_135m",
+              f"data.train_files={data}", f"data.val_files={data}", cwd=tmp_path)  # fmt: skip
+    line = [line for line in out.stderr.splitlines() if "actor_rollout_ref.model.path" in line]
+    assert out.returncode != 0 and line == [
+        "error: actor_rollout_ref.model.path=models/smollm2: no such folder (models/ is a folder name, not a hub "
+        "organisation); make the model there (SmolLM2: python -m stapo.tools.pretrained --out models/smollm2) or set "
+        "actor_rollout_ref.model.path=DIR"
+    ], out.stderr
+    assert "ray init kwargs" not in out.stdout and "Started a local Ray" not in out.stderr  # stopped before Ray
 
 
 def test_a_truncated_or_unreadable_weights_file_is_named(tmp_path):

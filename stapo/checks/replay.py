@@ -347,6 +347,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.command == "watch":
         if problem := (
             (f"--signal-at {args.signal_at}: a step, 1 or more" if args.signal_at < 0 else None)
+            or output_problem(args.metrics, "file", "--metrics")
             or output_problem(args.times, "file", "--times")
             or command_problem(args.cmd)
         ):

@@ -368,10 +368,11 @@ def check_model_args(args: argparse.Namespace) -> None:
         raise SystemExit(f"error: --lr={args.lr}: must be positive")
     if args.eval_problems > args.val:
         raise SystemExit(f"error: --eval-problems={args.eval_problems} exceeds --val={args.val}")
-    try:
-        task.generate(args.seed, args.train, args.val)
-    except ValueError as error:
-        raise SystemExit(f"error: --train/--val: {error}") from None
+    if args.train + args.val > task.PROBLEMS:
+        raise SystemExit(
+            f"error: --train {args.train} + --val {args.val} = {args.train + args.val} problems, but the task has "
+            f"{task.PROBLEMS} distinct ones (a + b * c, operands 1 to 9); ask for at most {task.PROBLEMS} together"
+        )
     if args.tokenizer is not None and not (args.tokenizer / "tokenizer_config.json").is_file():
         raise SystemExit(
             f"error: --tokenizer={args.tokenizer}: no tokenizer_config.json there; pass a folder written by "

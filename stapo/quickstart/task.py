@@ -44,6 +44,10 @@ def make_problem(a: int, b: int, c: int) -> ArithProblem:
     )
 
 
+PROBLEMS = 9**3
+"""Distinct problems of :func:`generate` with its default operands (1 to 9)."""
+
+
 def generate(seed: int = 0, n_train: int = 600, n_val: int = 100, max_int: int = 9) -> dict[str, list[ArithProblem]]:
     """Disjoint ``train`` and ``validation`` splits of distinct problems with operands in ``[1, max_int]``."""
     triples = list(itertools.product(range(1, max_int + 1), repeat=3))

@@ -391,8 +391,31 @@ def check_verl_parquet(path: Path, expected: str, prompt_key: str = "prompt", so
         raise DataFileError(f"{path}: column '{source_key}' holds {types[source_key]}, not text; expected {expected}")
 
 
+def hub_unreachable() -> str | None:
+    """Why the Hugging Face hub cannot be asked at all (offline mode set, or its host name not found), or None: the
+    hub clients would retry for about 25 s, a line each, before they fail."""
+    import socket
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return "HF_HUB_OFFLINE is set"
+    host = urlparse(constants.ENDPOINT).hostname
+    try:
+        socket.getaddrinfo(host, 443)
+    except OSError as error:
+        return f"{host}: {error.strerror or error}"
+    return None
+
+
 def _from_hub(what: str, fetch, option: str):
     """``fetch()``, with a download failure (offline, no access) turned into one line that says what to pass."""
+    if reason := hub_unreachable():
+        raise SourceError(
+            f"could not download {what}: the Hugging Face hub cannot be reached ({reason}); without hub access, pass "
+            f"a local copy with {option}"
+        )
     try:
         return fetch()
     except Exception as error:  # noqa: BLE001 - requests, huggingface_hub and datasets raise many types

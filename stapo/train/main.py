@@ -11,6 +11,7 @@ Ray will look for it, and then runs verl's V1 task runner unchanged. Any Hydra o
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Sequence
 from dataclasses import fields
@@ -184,9 +185,9 @@ def usage() -> str:
         "       bash scripts/train.sh METHOD SIZE [KEY=VALUE ...]\n\n"
         f"METHOD: {' | '.join(methods())}   SIZE: {' | '.join(sizes())} (default qwen3_1.7b)\n"
         f"Configs: {CONFIG_DIR} (base.yaml, one file per method, size/*.yaml)\n\n"
-        f"The stapo block (base.yaml's values; README 'The stapo: block'):\n{knobs}\n{method_settings()}\n\n"
+        f"The stapo block (base.yaml's values; docs/configuration.md):\n{knobs}\n{method_settings()}\n\n"
         "Any key of verl's ppo_trainer config can be overridden, e.g. trainer.n_gpus_per_node=4 data.train_files=F.\n"
-        "Print the composed config without running: python -m stapo.train --config-name stapo --cfg job"
+        "Print the composed config without running: python -m stapo.train --config-name=stapo --cfg=job"
     )
 
 
@@ -234,21 +235,38 @@ def check_names(argv: list[str]) -> None:
             raise SystemExit(2)
 
 
+HYDRA_VALUE_FLAGS = ("--config-name", "-cn", "--config-path", "-cp", "--config-dir", "-cd", "--cfg", "-c", "--package", "-p")
+"""Hydra's flags whose value may follow as the next argument (``--cfg job``): that value is no override."""
+_KEY = re.compile(r"[+~]{0,2}[A-Za-z_][\w.-]*")
+
+
+def overrides_of(argv: Sequence[str]) -> list[str]:
+    """The Hydra overrides of ``argv``: what is neither a flag nor a flag's value."""
+    return [
+        arg for i, arg in enumerate(argv)
+        if not arg.startswith("-") and not (i and argv[i - 1] in HYDRA_VALUE_FLAGS)
+    ]  # fmt: skip
+
+
 def parse_problem(argv: Sequence[str]) -> str | None:
-    """The first override of ``argv`` that Hydra's grammar cannot parse (a path with a space, ``ü``, a stray quote),
-    as one line that shows it quoted; Hydra would answer with a ``LexerNoViableAltException`` and no hint."""
+    """The first override of ``argv`` that Hydra's grammar cannot parse, as one line that says what to write: a key
+    without ``=`` (``stapo.tau_p 0.1``), a value the shell split at a space, or one with a space, ``ü`` or a stray
+    quote, shown quoted; Hydra would answer with a ``LexerNoViableAltException`` and no hint."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import OverrideParseException
 
     parser = OverridesParser.create()
-    for i, arg in enumerate(argv):
-        if arg.startswith("-") or (i and argv[i - 1] in ("--config-name", "-cn", "--config-path", "-cp")):
-            continue
+    overrides = overrides_of(argv)
+    for i, arg in enumerate(overrides):
         try:
             parser.parse_overrides([arg])
         except OverrideParseException:
-            split = "=" not in arg and i > 0 and "=" in argv[i - 1]  # a value the shell split at a space
-            whole = f"{argv[i - 1]} {arg}" if split else arg
+            following = overrides[i + 1] if i + 1 < len(overrides) else None
+            if _KEY.fullmatch(arg) and "." in arg and (following is None or "=" not in following):
+                value = following if following is not None else "VALUE"
+                return f"{arg}{' ' + following if following else ''}: an override is KEY=VALUE; write {arg}={value}"
+            split = "=" not in arg and i > 0 and "=" in overrides[i - 1]  # a value the shell split at a space
+            whole = f"{overrides[i - 1]} {arg}" if split else arg
             key, _, value = whole.partition("=")
             reason = (
                 "split at a space by the shell"
@@ -257,6 +275,33 @@ def parse_problem(argv: Sequence[str]) -> str | None:
             )
             return f"{whole}: {reason}; quote the value: '{key}=\"{value}\"' (single quotes around it all)"
     return None
+
+
+def key_problem(argv: Sequence[str]) -> str | None:
+    """An override of a key that the composed config does not have (a typo: Hydra would answer with several lines
+    that suggest adding it with ``+``), as one line naming the nearest key; None when the config composes."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import ConfigCompositionException
+
+    method = next((a.partition("=")[2] or argv[i + 1] for i, a in enumerate(argv) if a.startswith("--config-name")
+                   and (a.partition("=")[2] or i + 1 < len(argv))), "stapo")  # fmt: skip
+    overrides = overrides_of(argv)
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        try:
+            compose(method, overrides)
+            return None
+        except ConfigCompositionException as error:
+            found = re.match(r"Could not override '([^']+)'", str(error))
+            if not found:
+                return None  # Hydra's own message says it
+            key = found[1]
+            try:
+                config = compose(method, [o for o in overrides if o.lstrip("+~").partition("=")[0] != key])
+            except ConfigCompositionException:
+                return None
+    nearest = preflight.nearest_key(config, key)
+    hint = f"did you mean {nearest}? " if nearest else ""
+    return f"{key}: no such key in the config; {hint}(a key of your own: +{key}=VALUE)"
 
 
 def main() -> None:
@@ -269,4 +314,8 @@ def main() -> None:
         print(f"error: {problem}", file=sys.stderr)
         raise SystemExit(2)
     check_names(sys.argv[1:])
+    problem = key_problem(sys.argv[1:])
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        raise SystemExit(2)
     _hydra_main()

@@ -35,6 +35,8 @@ TQ_CONTROLLER = ("TransferQueueController", "transfer_queue")
 """Name and namespace of the Ray actor that controls a verl run's TransferQueue (``transfer_queue.init``, verl 0.9.1);
 it lives as long as the run."""
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+HUB_RESERVED = ("models", "datasets", "spaces")
+"""Names the Hugging Face hub keeps for its own pages: no organisation has them, so ``models/NAME`` is a path."""
 
 
 def validate_training_config(config: DictConfig) -> StapoConfig:
@@ -295,11 +297,28 @@ def _model_problems(config: DictConfig) -> list[str]:
         if path.exists():
             if key == "path":
                 found += model_folder_problems(path, f"actor_rollout_ref.model.path={value}")
-        elif not _HUB_ID.fullmatch(str(value)):
-            found.append(
-                f"actor_rollout_ref.model.{key}={value}: no such folder, and not a Hugging Face hub id (ORG/NAME)"
-            )
+        elif problem := _hub_id_problem(str(value)):
+            found.append(f"actor_rollout_ref.model.{key}={value}: {problem}")
     return found
+
+
+def _hub_id_problem(value: str) -> str | None:
+    """Why ``value``, no folder here, cannot be a model of the Hugging Face hub either: not of the form ORG/NAME, ORG
+    a folder here or a name the hub keeps (``models/smollm2`` is a path that is missing), or not in the hub's cache
+    while HF_HUB_OFFLINE is set; None if it can be one (the workers download it)."""
+    if not _HUB_ID.fullmatch(value):
+        return "no such folder, and not a Hugging Face hub id (ORG/NAME)"
+    org = value.split("/")[0]
+    if Path(org).is_dir() or org in HUB_RESERVED:
+        return (
+            f"no such folder ({org}/ is a folder name, not a hub organisation); make the model there (SmolLM2: "
+            f"python -m stapo.tools.pretrained --out {value}) or set actor_rollout_ref.model.path=DIR"
+        )
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    if constants.HF_HUB_OFFLINE and not isinstance(try_to_load_from_cache(value, "config.json"), str):
+        return "no such folder, and not in the Hugging Face cache while HF_HUB_OFFLINE is set; download it first"
+    return None
 
 
 VERL_CONFIG = "_generated_ppo_trainer.yaml"
@@ -437,6 +456,16 @@ def added_key_problems(config: DictConfig, overrides: Sequence[str]) -> list[str
                 f"{close[0]}=VALUE)"
             )
     return found
+
+
+def nearest_key(config: DictConfig, key: str) -> str | None:
+    """The key of ``config`` nearest to ``key`` (a typo of it), or None when none is near."""
+    import difflib
+
+    known = [k for k, _ in _leaves(config)]
+    section = [k for k in known if k.rpartition(".")[0] == key.rpartition(".")[0]]  # the same block first
+    close = difflib.get_close_matches(key, section, n=1, cutoff=0.6) or difflib.get_close_matches(key, known, n=1)
+    return close[0] if close else None
 
 
 def _one_edit(a: str, b: str) -> bool:
