@@ -432,14 +432,14 @@ print(*sorted(read_metrics(sys.argv[1])["actor/entropy"]))' "$1/metrics.jsonl" 2
   result $? "(e2) scancel --signal=USR1 --batch after step 3: ${saved#STAPO: }), requeued, finished: $state"
   rm -rf "/tmp/ray_$job"; job=
 
-  # (e3) the training killed (SIGKILL) after step 5 with a checkpoint every 3 steps; requeued as Slurm requeues a
-  # job whose node failed: it resumes after step 3, the steps 4-5 logged again from their checkpoint's state
+  # (e3) the job killed (scancel --signal=KILL) after step 5 with a checkpoint every 3 steps; requeued as Slurm
+  # requeues a job whose node failed: it resumes after step 3, the steps 4-5 logged again from their checkpoint's state
   job=$(e_submit 3 3 8 3 --time=30)
   e_until "$tmp/e-3/slurm.log" '^step:5 ' 300 && scancel --signal=KILL "$job"
   state=$(e_wait "$job" 300)
   scontrol requeue "$job" && state2=$(e_wait "$job" 600)
   log=$tmp/e-3/slurm.log
-  [ "$state" = FAILED ] && [ "$state2" = COMPLETED ] && [ "$(grep -c '^step:4 ' "$log")" = 2 ] &&
+  [[ $state == @(CANCELLED|FAILED) ]] && [ "$state2" = COMPLETED ] && [ "$(grep -c '^step:4 ' "$log")" = 2 ] &&
     [ "$(grep -c '^step:3 ' "$log")" = 1 ] && e_verdict 3 "$job" 8
   result $? "(e3) SIGKILL after step 5 ($state), requeued: resumed from the checkpoint of step 3, finished: $state2"
   rm -rf "/tmp/ray_$job"; job=

@@ -35,6 +35,9 @@ def test_record_replay_halt_and_resume_compare_to_the_bit(tmp_path, task, monkey
     monkeypatch.setattr(clusters, "HANDOVER_S", 1.0)
     monkeypatch.setattr(replay, "TRAINER", [sys.executable, str(standins.HERE), "train"])
     monkeypatch.setenv("STANDIN_STEP_S", "1")  # the halt and the signal must see a step before the run ends
+    # the deadline run's pace here depends on how many processes share the two cores, not on a GPU's steps: its
+    # deadline is 0 s from the launch (passed at its first step); the pacing is tested on its own below
+    monkeypatch.setattr(replay, "deadline_seconds", lambda times, metrics, at: 0.0)
     with pytest.raises(SystemExit) as done:
         replay.main(args(tmp_path, task, "--steps", "4", "--halt", "2", "--signal", "1", "--deadline", "2"))
     out = tmp_path / "out"
@@ -51,12 +54,31 @@ def test_record_replay_halt_and_resume_compare_to_the_bit(tmp_path, task, monkey
     signalled = (out / "runs" / "signal1" / "train.log").read_text()
     assert "SIGUSR1 sent after step 1" in signalled and f"saved step {record['stopped_at']['signal1']} in" in signalled
     assert record["stopped_at"]["halt2"] == 2 and record["stopped_at"]["signal1"] in (2, 3)
-    assert 1 <= record["stopped_at"]["deadline"] <= 3 and record["deadline_s"] > 60  # the guessed save: 60 s
-    times = json.loads((out / "runs" / "record" / "times.json").read_text())
+    assert record["stopped_at"]["deadline"] == 1 and record["deadline_s"] == 0.0
+    assert "the deadline is -" in (out / "runs" / "deadline" / "train.log").read_text()
+    times = json.loads((out / "runs" / "replay" / "times.json").read_text())  # what paces the deadline run
     assert list(times) == ["1", "2", "3", "4"] and times["1"] < times["2"] < times["4"]
     assert (out / "halt2" / "metrics.1.jsonl").is_file()  # the steps before the halt, set aside on resume
     assert (out / "replay.md").read_text().endswith("verdict: identical to the bit\n")
     foreign_ray_ignored()
+
+
+def test_the_deadline_falls_where_a_run_at_the_replay_runs_pace_ends_step_k(tmp_path, monkeypatch):
+    """From the replay run's launch to step K, its longest step and a guessed save (margin 0), less half of step K:
+    a run at that pace still fits step K - 1's successor and a save after step K - 1, and no longer after step K."""
+    from verl.utils.tracking import FileLogger
+
+    from stapo.train.deadline import SAVE_GUESS_S, must_stop
+
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(tmp_path / "metrics.jsonl"))
+    logger = FileLogger("stapo", "replay")
+    for step, seconds in enumerate([25.0, 6.0, 5.0, 6.0], start=1):
+        logger.log({"timing_s/step": seconds}, step)
+    logger.finish()
+    times = {"1": 130.0, "2": 136.0, "3": 141.0, "4": 147.0}
+    deadline = replay.deadline_seconds(times, tmp_path / "metrics.jsonl", 3)
+    assert deadline == 141.0 + 25.0 + SAVE_GUESS_S - 2.5
+    assert not must_stop(times["2"], deadline, 25.0, 0, 0) and must_stop(times["3"], deadline, 25.0, 0, 0)
 
 
 def test_every_run_has_the_tape_and_determinism(tmp_path, task):
@@ -162,7 +184,7 @@ def test_the_gpu_script_probes_every_setting_beside_the_replay(tmp_path):
 def test_the_deadline_script_runs_the_signal_and_deadline_legs(tmp_path):
     """scripts/gpu/deadline.sh as printed, from a folder that does not exist yet, with the same stand-in Python: the
     model converted from --src, the task, and the replay check with a SIGUSR1 leg after step 2 and a deadline leg near
-    step 4 (no halted legs), arguments its real parser accepts and a config that passes the trainer's checks."""
+    step 3 (no halted legs), arguments its real parser accepts and a config that passes the trainer's checks."""
     import shlex
     import subprocess
 
@@ -184,7 +206,7 @@ def test_the_deadline_script_runs_the_signal_and_deadline_legs(tmp_path):
     (out / "task").mkdir()
     (out / "task" / "train.parquet").write_bytes(b"")
     args = replay.build_parser().parse_args(shlex.split(lines[2])[2:-1])
-    assert (args.halt, args.signal, args.deadline, args.steps) == ([], [2], 4, 6) and args.out == out / "replay"
+    assert (args.halt, args.signal, args.deadline, args.steps) == ([], [2], 3, 6) and args.out == out / "replay"
     assert replay.check(args) is None  # the options, every leg's config, the new output folder
     usage = subprocess.run(["bash", str(script), "--help"], capture_output=True, text=True)
     assert usage.returncode == 0 and "outlives its job" in usage.stdout

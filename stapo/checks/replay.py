@@ -22,9 +22,10 @@ digests; the exit code is 0 when every comparison is equal to the bit, 1 when on
 
 A run that outlives its job (:mod:`stapo.train.deadline`): ``--signal K`` adds a replayed run sent SIGUSR1 once it
 logged step K, which must save at the end of the step under way, log it, exit with status 3 and, resumed, end as the
-replay run; ``--deadline K`` adds one whose ``stapo.deadline`` falls near step K (from the record run's pace: its
-launch to step K, plus its longest step and a guessed save, margin 0), which must do the same. Neither may lose a
-step's metrics, and their checkpoint is the stop's own (``trainer.save_freq`` is the run's length).
+replay run; ``--deadline K`` adds one whose ``stapo.deadline`` falls near step K (from the replay run's pace: its
+launch to step K, plus its longest step and a guessed save, margin 0; it starts after the replay run, whose caches the
+record run filled: the record run itself compiles vLLM's kernels and is slower), which must do the same. Neither may
+lose a step's metrics, and their checkpoint is the stop's own (``trainer.save_freq`` is the run's length).
 
 ``halt`` runs COMMAND in a process group of its own and kills the group once ``DIR/latest_checkpointed_iteration.txt``
 says STEP (or later), as a preempted job is killed; it exits 0 then, and 1 if COMMAND ended first. ``watch`` runs
@@ -247,7 +248,7 @@ def logged_steps(metrics: Path) -> list[int]:
 
 
 def deadline_seconds(times: dict, metrics: Path, at: int) -> float:
-    """``stapo.deadline`` (seconds from the launch, margin 0) that a run at the record run's pace reaches at the end of
+    """``stapo.deadline`` (seconds from the launch, margin 0) that a run at another run's pace reaches at the end of
     step ``at``: its launch to step ``at``, plus its longest step so far and a guessed save, less half a step
     (:func:`stapo.train.deadline.must_stop`)."""
     from stapo.train.deadline import SAVE_GUESS_S
@@ -265,6 +266,7 @@ def run(args: argparse.Namespace) -> int:
             return [*stop, "--checkpoints", args.out / leg.folder / "ckpt", "--", *train]
         watcher = [sys.executable, "-m", "stapo.checks.replay", "watch", "--metrics", args.out / leg.folder /
                    "metrics.jsonl", "--times", args.out / "runs" / leg.name / "times.json"]  # fmt: skip
+        # (every run but a halted one is watched: the replay run's step times pace the deadline run)
         if leg.stop == "signal":
             watcher += ["--signal-at", leg.at]
         return [*watcher, *["--stops"] * bool(leg.stop), "--", *train]
@@ -282,13 +284,17 @@ def run(args: argparse.Namespace) -> int:
         return 2
     stopped = [Leg(f"halt{k}", f"halt{k}", "stapo.replay_rollouts", k, "kill") for k in args.halt]
     stopped += [Leg(f"signal{k}", f"signal{k}", "stapo.replay_rollouts", 0, "signal", at=k) for k in args.signal]
-    if args.deadline:
-        times = json.loads((args.out / "runs" / "record" / "times.json").read_text())
-        seconds = deadline_seconds(times, args.out / "record" / "metrics.jsonl", args.deadline)
-        stopped.append(Leg("deadline", "deadline", "stapo.replay_rollouts", 0, "deadline", deadline_s=seconds))
     if not run_stage([Leg("replay", "replay", "stapo.replay_rollouts"), *stopped]):
         return 2
-    if not run_stage([Leg(f"{leg.name}-resumed", leg.folder, leg.tape, leg.halt) for leg in stopped]):
+    third = [Leg(f"{leg.name}-resumed", leg.folder, leg.tape, leg.halt) for leg in stopped]
+    if args.deadline:  # paced on the replay run: warm caches, runs beside it (the record run compiled vLLM's kernels)
+        times = json.loads((args.out / "runs" / "replay" / "times.json").read_text())
+        seconds = deadline_seconds(times, args.out / "replay" / "metrics.jsonl", args.deadline)
+        stopped.append(Leg("deadline", "deadline", "stapo.replay_rollouts", 0, "deadline", deadline_s=seconds))
+        third.append(stopped[-1])
+    if not run_stage(third):
+        return 2
+    if args.deadline and not run_stage([Leg("deadline-resumed", "deadline", "stapo.replay_rollouts")]):
         return 2
     record, tables = verdicts(args.out, {"record": 0, **{leg.folder: leg.halt for leg in stopped}}, args.steps)
     record["stopped_at"] = {leg.folder: saved_step(args.out / leg.folder / "ckpt", args.steps) for leg in stopped}
