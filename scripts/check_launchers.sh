@@ -405,9 +405,10 @@ _, paths, model = build(Path(sys.argv[1]), 0, 48, 8, hidden_size=32, num_layers=
 print(*sorted(read_metrics(sys.argv[1])["actor/entropy"]))' "$1/metrics.jsonl" 2>/dev/null
   }
   e_restarts() { scontrol show job "$1" 2>/dev/null | grep -o 'Restarts=[0-9]*' | cut -d= -f2; }
-  e_verdict() {  # CASE JOB STEPS: every step logged once over the segments, Ray stopped in each, none left
+  e_verdict() {  # CASE JOB STEPS [STOPS]: every step logged once over the segments, Ray stopped by the script in STOPS
+    # segments (default 2: one killed by SIGKILL cannot stop it, Slurm's kill does), none of its processes left
     local dir=$tmp/e-$1 log=$tmp/e-$1/slurm.log
-    [ "$(e_steps "$dir")" = "$(seq -s ' ' 1 "$3")" ] && [ "$(grep -c '^stapo: Ray stopped' "$log")" -ge 2 ] &&
+    [ "$(e_steps "$dir")" = "$(seq -s ' ' 1 "$3")" ] && [ "$(grep -c '^stapo: Ray stopped' "$log")" -ge "${4:-2}" ] &&
       [ -z "$(ours "/tmp/ray_$2/")" ] ||
       { echo "  steps: $(e_steps "$dir")"; grep -v 'INFO\|^ *$\|Loading weights\|Warning\|warn' "$log" | tail -25 | sed 's/^/  | /'; false; }
   }
@@ -440,7 +441,7 @@ print(*sorted(read_metrics(sys.argv[1])["actor/entropy"]))' "$1/metrics.jsonl" 2
   scontrol requeue "$job" && state2=$(e_wait "$job" 600)
   log=$tmp/e-3/slurm.log
   [[ $state == @(CANCELLED|FAILED) ]] && [ "$state2" = COMPLETED ] && [ "$(grep -c '^step:4 ' "$log")" = 2 ] &&
-    [ "$(grep -c '^step:3 ' "$log")" = 1 ] && e_verdict 3 "$job" 8
+    [ "$(grep -c '^step:3 ' "$log")" = 1 ] && e_verdict 3 "$job" 8 1
   result $? "(e3) SIGKILL after step 5 ($state), requeued: resumed from the checkpoint of step 3, finished: $state2"
   rm -rf "/tmp/ray_$job"; job=
 

@@ -21,6 +21,4 @@ if "$python" -c 'import sys, torch; sys.exit(not torch.cuda.is_available())' 2>/
     nvidia-smi -L 2>/dev/null | head -n 1 || true
     exec "$python" -m stapo.quickstart gpu --out "$out" "$@"
 fi
-echo "No GPU visible (torch.cuda.is_available() is False): verl's trainer, vLLM and FSDP need one, so this runs the"
-echo "CPU part only: task, tokenizer, tiny model, supervised warm-up and the S2T mask on the model's own rollouts."
-exec "$python" -m stapo.quickstart cpu --out "$out" "$@"
+exec "$python" -m stapo.quickstart cpu --out "$out" "$@"  # it says why it runs without a GPU, after checking the options

@@ -92,8 +92,10 @@ def test_the_commands(capsys):
     assert "model without this step" in out
     assert sum(" | step | " in line for line in out.splitlines()) == len(cost.load_measured())
     cost.main(["table", "--nodes", "1", "--steps", "10"])
-    lines = capsys.readouterr().out.splitlines()
+    caveat, *lines = capsys.readouterr().out.splitlines()
+    assert caveat.startswith("A projection, not evidence:")  # as the README says (issue 64)
     assert lines[0].startswith("10 steps × 256 prompts × 8") and len(lines) == 3 + 3  # header, 3 sizes x 1 node
+    assert "| share of STAPO's step: generation |" in lines[1]
     assert lines[1].endswith("| STAPO hours: colocate_async | separate_async |")
     assert all(len(line.split("|")) == len(lines[1].split("|")) for line in lines[2:])
     cost.main(["fit"])

@@ -336,8 +336,10 @@ def test_a_hub_that_cannot_be_reached_is_named_at_once(tmp_path, monkeypatch, ca
         data.main(["train", "--out", str(tmp_path)])
     err = capsys.readouterr().err
     assert time.monotonic() - start < 10 and len(err.strip().splitlines()) == 1
-    assert err.startswith("error: could not download BytedTsinghua-SIA/DAPO-Math-17k: the Hugging Face hub cannot be "
-                          "reached (hub.invalid: ") and err.strip().endswith("pass a local copy with --local PATH")
+    assert err.startswith(
+        "error: could not download BytedTsinghua-SIA/DAPO-Math-17k: the Hugging Face hub cannot be "
+        "reached (hub.invalid: "
+    ) and err.strip().endswith("pass a local copy with --local PATH")
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     with pytest.raises(SystemExit):
         data.main(["eval", "--out", str(tmp_path)])

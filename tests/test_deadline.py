@@ -83,7 +83,8 @@ def test_the_clock_counts_the_longest_whole_step_and_the_step_under_way():
 def test_stapo_deadline_is_seconds_from_the_launch_or_a_time():
     assert parse_deadline(86000, start=1000.0) == 87000.0
     assert parse_deadline("90.5", start=10.0) == 100.5
-    assert parse_deadline("2026-12-07T09:30:00+00:00", 0) == datetime(2026, 12, 7, 9, 30, tzinfo=timezone.utc).timestamp()
+    utc = datetime(2026, 12, 7, 9, 30, tzinfo=timezone.utc)
+    assert parse_deadline("2026-12-07T09:30:00+00:00", 0) == utc.timestamp()
     assert parse_deadline("2026-12-07T09:30", 0) == datetime(2026, 12, 7, 9, 30).timestamp()  # local time
     for bad in ("tomorrow", -1, float("nan"), True):
         with pytest.raises(deadline.DeadlineError, match="stapo.deadline="):
@@ -438,11 +439,13 @@ def task(tmp_path_factory):
 def python_standing_in(folder) -> Path:
     """A ``python`` for scripts/train.sh (``PYTHON``) that runs tests/standins.py ``train`` for ``-m stapo.train``."""
     wrapper = folder / "python"
-    wrapper.write_text(textwrap.dedent(f"""\
+    wrapper.write_text(
+        textwrap.dedent(f"""\
         #!/bin/sh
         if [ "$1" = -m ] && [ "$2" = stapo.train ]; then shift 2; exec {sys.executable} {standins.HERE} train "$@"; fi
         exec {sys.executable} "$@"
-        """))
+        """)
+    )
     wrapper.chmod(0o755)
     return wrapper
 
@@ -517,8 +520,9 @@ def test_ray_job_sh_turns_a_signal_into_a_stop_and_exits_3_and_the_same_command_
         cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
     model, paths = task
-    cmd = ["bash", str(ROOT / "scripts" / "ray_job.sh"), "stapo", "smollm2_135m", f"actor_rollout_ref.model.path={model}",
-           f"data.train_files={paths['train']}", f"data.val_files={paths['validation']}",
+    cmd = ["bash", str(ROOT / "scripts" / "ray_job.sh"), "stapo", "smollm2_135m",
+           f"actor_rollout_ref.model.path={model}", f"data.train_files={paths['train']}",
+           f"data.val_files={paths['validation']}",
            "trainer.total_training_steps=6", "trainer.save_freq=-1", "trainer.test_freq=-1",
            "trainer.val_before_train=False", f"trainer.default_local_dir={tmp_path / 'ckpt'}"]  # fmt: skip
     job_env = {**os.environ, "RAY_ADDRESS": f"http://127.0.0.1:{dash}", "RAY_AUTH_MODE": "disabled"}

@@ -84,14 +84,22 @@ def place(tmp_path):
         (["bash", "scripts/slurm.sbatch", "stapo", "qwen3_1.7b"], "not inside a Slurm job"),
         (["-m", "stapo.tools.evaluate", "--model", "missing"], "--model missing: no such folder"),
         # issue 64's list, as a new user met each at commit a7923fb (a misleading line, or many)
-        (["-m", "stapo.train", "--config-name=stapo", "size=smollm2_135m", "stapo.tau_p", "0.1"],
-         "stapo.tau_p 0.1: an override is KEY=VALUE; write stapo.tau_p=0.1"),
-        (["-m", "stapo.train", "--config-name=stapo", "stapo.tau=0.1"],
-         "stapo.tau: no such key in the config; did you mean stapo.tau_p? (a key of your own: +stapo.tau=VALUE)"),
-        (["-m", "stapo.train", "--config-name=stapo", "trainer.total_trainig_steps=2"],
-         "did you mean trainer.total_training_steps?"),
-        (["-m", "stapo.quickstart", "cpu", "--out", "q", "--train", "700", "--val", "100"],
-         "--train 700 + --val 100 = 800 problems, but the task has 729 distinct ones"),
+        (
+            ["-m", "stapo.train", "--config-name=stapo", "size=smollm2_135m", "stapo.tau_p", "0.1"],
+            "stapo.tau_p 0.1: an override is KEY=VALUE; write stapo.tau_p=0.1",
+        ),
+        (
+            ["-m", "stapo.train", "--config-name=stapo", "stapo.tau=0.1"],
+            "stapo.tau: no such key in the config; did you mean stapo.tau_p? (a key of your own: +stapo.tau=VALUE)",
+        ),
+        (
+            ["-m", "stapo.train", "--config-name=stapo", "trainer.total_trainig_steps=2"],
+            "did you mean trainer.total_training_steps?",
+        ),
+        (
+            ["-m", "stapo.quickstart", "cpu", "--out", "q", "--train", "700", "--val", "100"],
+            "--train 700 + --val 100 = 800 problems, but the task has 729 distinct ones",
+        ),
     ],
 )
 def test_misuse_is_one_line_and_leaves_nothing(place, command, expected):

@@ -23,6 +23,7 @@ import argparse
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -445,9 +446,13 @@ def prepare(args: argparse.Namespace, device: str) -> Warm:
     responses = sample(model, tokenizer, problems, args.samples, args.seed)
     scores = score_responses(problems, responses)
     folder = args.out / "warmup"
-    model.save_pretrained(folder)  # float32, as stapo.quickstart.tiny saves the random model
-    tokenizer.save_pretrained(folder)
-    follow_umask(folder)
+    partial = args.out / ".warmup.partial"  # model and tokenizer whole, or the folder not at all
+    shutil.rmtree(partial, ignore_errors=True)
+    model.save_pretrained(partial)  # float32, as stapo.quickstart.tiny saves the random model
+    tokenizer.save_pretrained(partial)
+    follow_umask(partial)
+    shutil.rmtree(folder, ignore_errors=True)
+    partial.rename(folder)
     print(
         f"warm-up: {args.warmup_steps} steps on {device}, loss {losses[0]:.3f} -> {losses[-1]:.3f} "
         f"({time.time() - start:.0f} s since start); sampled accuracy (T = 1.0) on {len(problems)} validation "
@@ -516,12 +521,27 @@ def run_smollm2(args: argparse.Namespace) -> None:
           f"{experiment / 'summary.md'}, curves: {experiment / 'plots'})")  # fmt: skip
 
 
+NO_GPU = (
+    "No GPU visible (torch.cuda.is_available() is False): verl's trainer, vLLM and FSDP need one, so this runs the\n"
+    "CPU part only: task, tokenizer, tiny model, supervised warm-up and the S2T mask on the model's own rollouts."
+)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
-    """Command-line entry point (``python -m stapo.quickstart``)."""
+    """Command-line entry point (``python -m stapo.quickstart``); Ctrl-C ends it with one line."""
     args = build_parser().parse_args(argv)
     check_args(args)
     if problem := hold_folder(args.out):  # two quickstarts into one folder would overwrite each other's files
         raise SystemExit(f"error: {problem}")
+    if args.mode == "cpu" and not torch.cuda.is_available():
+        print(NO_GPU, flush=True)
+    try:
+        run(args)
+    except KeyboardInterrupt:
+        raise SystemExit(f"interrupted: {args.out} keeps what finished; nothing in it is half written") from None
+
+
+def run(args: argparse.Namespace) -> None:
     if args.model == "smollm2":
         run_smollm2(args)
         return

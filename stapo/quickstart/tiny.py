@@ -31,8 +31,11 @@ def build_tokenizer(texts: Iterable[str], out_dir: str | Path, vocab_size: int =
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    trainer = trainers.BpeTrainer(  # no progress bars: piped to a file they print only blank lines
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
     )
     tok.train_from_iterator(texts, trainer=trainer)
     hf = PreTrainedTokenizerFast(

@@ -330,11 +330,13 @@ def table(args: argparse.Namespace) -> str:
     """Rows: size × nodes; hours of each method of the paper's main table, and STAPO's step, GPU-hours and stages."""
     order = ("grpo", "entropy20", "justrl", "stapo")
     lines = [
+        "A projection, not evidence: the step model's inputs were measured before this project kept records "
+        "(docs/scale.md); check it against a run of your own (cost fit).",
         f"{args.steps} steps × {args.prompts} prompts × {args.n}; mean response {args.length_start:g} → "
         f"{args.length_end:g} tokens, longest {args.max_length:g} every step, prompts {args.prompt_length:g}; "
         f"{args.gpus_per_node} × {args.gpu.upper()} a node",
         "| size | nodes | STAPO step (s), first → last | hours: GRPO | 20-Entropy | JustRL | STAPO | STAPO GPU-hours "
-        "| generation | old log-probs | update | STAPO hours: colocate_async | separate_async |",
+        "| share of STAPO's step: generation | old log-probs | update | STAPO hours: colocate_async | separate_async |",
         "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for size in qwen3_sizes():

@@ -237,6 +237,35 @@ def replay_block(root: Path, name: str, path: str = "replay/replay.json") -> str
     return "\n".join(lines) + f"\n\nWeights after step {record['steps']}: {weights}. Verdict: **{overall}**.\n"
 
 
+def runs_block(root: Path, name: str, reference: str, *runs: str) -> str:
+    """Runs of one recording compared with the ``reference`` run at every metric but time and memory
+    (:func:`stapo.checks.reproduce.every_key`), at the steps both logged, from each run folder's ``metrics.jsonl.gz``:
+    its exit code (``exit_code``), the steps it logged, the step it saved at on a signal or a deadline (the trainer's
+    ``STAPO: saved step N`` line in ``train.log.tail``), and whether every value is equal to the bit."""
+    import re as regex
+
+    from stapo.checks.reproduce import compare, every_key
+
+    folder = root / RECORDS / name
+    base = read_metrics(folder / reference / "metrics.jsonl.gz")
+    head = [f"run against `{reference}`", "exit", "steps logged", "saved, stopped", "metrics compared", "differing",
+            "verdict"]  # fmt: skip
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for run in runs:
+        other = read_metrics(folder / run / "metrics.jsonl.gz")
+        found = compare(base, other, keys=every_key(base, other))
+        differ = sorted(key for key, values in found.items() if not values["equal"])
+        steps = sorted({step for values in found.values() for step, _, _ in values["rows"]})
+        log = (folder / run / "train.log.tail").read_text()
+        saved = regex.search(r"^STAPO: saved step (\d+) in \S+ \(([^;)]*)", log, regex.M)
+        stop = f"step {saved[1]} ({saved[2].split(' at ')[0]})" if saved else "no"
+        verdict = "equal to the bit at the steps compared" if not differ else "DIFFERENT"
+        cells = [run, (folder / run / "exit_code").read_text().strip(), ", ".join(map(str, steps)), stop, len(found),
+                 ", ".join(differ) or "none", verdict]  # fmt: skip
+        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def startup_block(root: Path, name: str, *runs: str) -> str:
     """Launches side by side (``stapo.checks.startup run``'s ``phases.json`` of each run folder): when each phase's
     marker line appeared, seconds since launch and since the phase before, and each process kind's count and first
@@ -319,6 +348,7 @@ BLOCKS: dict[str, Callable[..., str]] = {
     "image": image_block,
     "markdown": markdown_block,
     "replay": replay_block,
+    "runs": runs_block,
     "startup": startup_block,
 }
 """Block kinds and what writes them (``curves``, which also draws, is :func:`curves_block`)."""

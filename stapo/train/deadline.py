@@ -45,7 +45,7 @@ SAVE_GUESS_S = 60.0
 REQUEST_FILE = "stop_request"
 """In the run's checkpoint folder: "save at the end of this step and stop" (its text says why)."""
 SAVED_FILE = "stop_saved.json"
-"""In the run's checkpoint folder: the trainer saved step N and stopped before the next step (``{"step", "reason"}``)."""
+"""In the run's checkpoint folder: the trainer saved step N and stopped before the next one (``{"step", "reason"}``)."""
 EXPIRY_VARIABLES = (
     "MLP_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP",
     "SAGEMAKER_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP",
@@ -99,8 +99,9 @@ def slurm_end(env: dict, run=subprocess.run) -> float | None:
         end = float(env["SLURM_JOB_END_TIME"])
     elif env.get("SLURM_JOB_ID") and shutil.which("squeue"):
         try:
-            out = run(["squeue", "-h", "-j", env["SLURM_JOB_ID"], "-o", "%e"], capture_output=True, text=True,
-                      timeout=30)
+            out = run(
+                ["squeue", "-h", "-j", env["SLURM_JOB_ID"], "-o", "%e"], capture_output=True, text=True, timeout=30
+            )
             end = datetime.fromisoformat(out.stdout.strip()).timestamp()  # "NONE", "N/A": no end
         except (subprocess.SubprocessError, OSError, ValueError):
             return None
@@ -163,8 +164,10 @@ class StepClock:
         if not must_stop(now, self.deadline, step, self.longest_save, self.margin):
             return None
         save = f"{self.longest_save:.0f} s save" if self.longest_save else f"a save (guessed {SAVE_GUESS_S:.0f} s)"
-        return (f"the deadline is {self.deadline - now:.0f} s away, less than a {step:.1f} s step, {save} and "
-                f"{self.margin:.0f} s margin")
+        return (
+            f"the deadline is {self.deadline - now:.0f} s away, less than a {step:.1f} s step, {save} and "
+            f"{self.margin:.0f} s margin"
+        )
 
 
 def request(folder: Path, reason: str) -> bool:

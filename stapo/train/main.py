@@ -235,7 +235,8 @@ def check_names(argv: list[str]) -> None:
             raise SystemExit(2)
 
 
-HYDRA_VALUE_FLAGS = ("--config-name", "-cn", "--config-path", "-cp", "--config-dir", "-cd", "--cfg", "-c", "--package", "-p")
+HYDRA_VALUE_FLAGS = ("--config-name", "-cn", "--config-path", "-cp", "--config-dir", "-cd", "--cfg", "-c", "--package",
+                     "-p")  # fmt: skip
 """Hydra's flags whose value may follow as the next argument (``--cfg job``): that value is no override."""
 _KEY = re.compile(r"[+~]{0,2}[A-Za-z_][\w.-]*")
 
