@@ -9,15 +9,11 @@ usage() { sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//'; }
 case "${1:-}" in -h | --help) usage; exit 0 ;; esac
 [ $# -eq 1 ] || [ $# -eq 3 ] || { usage >&2; exit 2; }
 out=$1
-src=()
-if [ $# -eq 3 ]; then
-  [ "$2" = --src ] || { echo "error: $2: unknown option; the one option is --src FILE" >&2; exit 2; }
-  [ -f "$3" ] || { echo "error: --src $3: no such file" >&2; exit 2; }
-  src=(--src "$3")
-fi
+source "$(dirname "$0")/lib.sh"
+take_src "${@:2}"
 PY=${STAPO_PYTHON:-python}
 model="$out/smollm2/raw"
-[ -f "$model/config.json" ] || $PY -m stapo.tools.pretrained --out "$model" "${src[@]}"
+smollm2 "$model"
 [ -f "$out/task/train.parquet" ] || $PY -m stapo.quickstart.task word --difficulty 1 --train 48 --val 8 --out "$out/task"
 exec $PY -m stapo.checks.replay run --model "$model" --data "$out/task" --out "$out/replay" --steps 6 --halt \
   --signal 2 --deadline 3

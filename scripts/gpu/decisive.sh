@@ -14,16 +14,12 @@ case $round in
   2) seeds=(12 13) ;;
   *) echo "error: ROUND=$round: the test has rounds 1 and 2" >&2; exit 2 ;;
 esac
-src=()
-if [ $# -eq 4 ]; then
-  [ "$3" = --src ] || { echo "error: $3: unknown option; the one option is --src FILE" >&2; exit 2; }
-  [ -f "$4" ] || { echo "error: --src $4: no such file" >&2; exit 2; }
-  src=(--src "$4")
-fi
+source "$(dirname "$0")/lib.sh"
+take_src "${@:3}"
 PY=${STAPO_PYTHON:-python}
 warm="$out/smollm2-warm/step-300" task="$out/tasks/mixed"
 if [ ! -f "$warm/config.json" ]; then  # the ladder's model, task and warm-up (docs/history.md, section 10)
-  $PY -m stapo.tools.pretrained --out "$out/smollm2/raw" "${src[@]}"
+  smollm2 "$out/smollm2/raw"
   $PY -m stapo.quickstart.task word --difficulty 2 3 4 --out "$task" --train 5000 --val 200
   $PY -m stapo.quickstart.warmup --model "$out/smollm2/raw" --out "$out/smollm2-warm" --steps 300 \
     --exclude "$task/train.parquet" "$task/validation.parquet"

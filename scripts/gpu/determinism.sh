@@ -10,15 +10,11 @@ usage() { sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//'; }
 case "${1:-}" in -h | --help) usage; exit 0 ;; esac
 [ $# -eq 1 ] || [ $# -eq 3 ] || { usage >&2; exit 2; }
 out=$1
-src=()
-if [ $# -eq 3 ]; then
-  [ "$2" = --src ] || { echo "error: $2: unknown option; the one option is --src FILE" >&2; exit 2; }
-  [ -f "$3" ] || { echo "error: --src $3: no such file" >&2; exit 2; }
-  src=(--src "$3")
-fi
+source "$(dirname "$0")/lib.sh"
+take_src "${@:2}"
 PY=${STAPO_PYTHON:-python}
 model="$out/smollm2/raw"
-[ -f "$model/config.json" ] || $PY -m stapo.tools.pretrained --out "$model" "${src[@]}"
+smollm2 "$model"
 mkdir -p "$out/invariance"
 probe() {  # NAME SETTING [VAR=VALUE ...]: one setting in a process of its own, 15 minutes at most
   env "${@:3}" timeout 900 $PY -m stapo.checks.batch_invariance run --model "$model" --setting "$2" \
