@@ -8,7 +8,7 @@ code paths (replay buffer, dataloader fetches, TransferQueue in checkpoints) and
 asynchronous modes the mask is built the same way, from the π_old that verl recomputed for the batch (its decoupled
 mode: the weights the batch is trained from; verl's bypass mode has no old-policy entropies and is refused with
 ``policy_source: old``); the rollouts themselves may come from older weights, which verl's
-``training/off_policy/*`` metrics count per step. Two additions to verl's trainers, and a resume check:
+``training/off_policy/*`` metrics count per step. Three additions to verl's trainers, and a resume check:
 
 1. after the workers are built, the actor workers' loss becomes :func:`stapo.train.loss.stapo_loss` (verl's
    ``ppo_loss`` plus the mask of ``policy_source: current`` and an empty-mini-batch guard);
@@ -22,6 +22,10 @@ mode: the weights the batch is trained from; verl's bypass mode has no old-polic
    the loss is renormalised over the kept tokens exactly (STAPO objective, 1 / Σ I). With ``stapo.metrics`` the
    S2T rule is also evaluated for runs that apply no S2T mask, and the paper's gradient-norm bound is summed in a
    thread while the workers run the update (``s2t/*``).
+3. a run that outlives its job (:mod:`stapo.train.deadline`): at the end of a step, when the next step and a save no
+   longer fit before ``stapo.deadline`` (or the Slurm job's end), or when the driver got SIGUSR1 or SIGTERM, the step
+   is saved where verl saves (unless verl just did), its metrics are logged as always, and ``fit`` returns before the
+   next step begins; the driver then exits with status 3.
 
 The driver's own cost is timed every step: ``timing_s/stapo_mask`` and ``timing_s/stapo_restore``. After a resume,
 the restored dataloader must stand where the checkpoint's step left it (:func:`resume_position_problem`), and the

@@ -39,6 +39,18 @@ class Workaround:
 
 WORKAROUNDS = (
     Workaround(
+        "stapo.train.main:ArmedRunner",
+        "Ray 2.60's ray.init (ray/_private/worker.py) and the local node it starts (ray/_private/node.py) install "
+        "SIGTERM handlers in the driver that end it at once, replacing the recipe's save-at-the-step's-end request",
+        "Ray leaves a driver's own SIGTERM handler in place (tests/test_deadline.py's run_ppo test passes without it)",
+    ),
+    Workaround(
+        "stapo.train.trainer:STAPOMixin.on_step_end",
+        "verl 0.9.1's V1 trainers (trainer_base.fit) do not save before a deadline: should_save_ckpt_esi and its "
+        "expiry variables serve only the older trainer",
+        "verl's V1 fit saves before a deadline and on a signal itself, with a distinct exit status",
+    ),
+    Workaround(
         "stapo.train.verl_patches:float32_fused_entropy",
         "verl 0.9.1 FusedLinearForPPO returns bfloat16 entropies (PR #5662 fixed the log-probs only)",
         "verl's FusedLinearForPPOFunction returns float32 entropies for bfloat16 inputs (a test here fails then)",
