@@ -11,7 +11,7 @@
 # (e) a run longer than its job, under (b)'s Slurm, with the stand-in trainer (tests/standins.py, which saves and stops
 #     with the recipe's own stapo.train.deadline): a job whose --time ends mid-run saves before the limit, requeues
 #     itself and finishes; the same on `scancel --signal=USR1 --batch`; a job whose training is killed (SIGKILL) and
-#     requeued resumes from the last periodic checkpoint; with STAPO_MAX_REQUEUES=0 it saves and is not requeued.
+#     that is requeued resumes from the last periodic checkpoint; with STAPO_MAX_REQUEUES=0 it saves, is not requeued.
 # Tiny local data and model files stand in for the real ones, so that only the GPU check fails. Prints PASS/FAIL per
 # check, exits 1 on any failure; stops the Ray heads and the Slurm daemons it started and removes its files.
 usage() {
@@ -405,10 +405,9 @@ _, paths, model = build(Path(sys.argv[1]), 0, 48, 8, hidden_size=32, num_layers=
 print(*sorted(read_metrics(sys.argv[1])["actor/entropy"]))' "$1/metrics.jsonl" 2>/dev/null
   }
   e_restarts() { scontrol show job "$1" 2>/dev/null | grep -o 'Restarts=[0-9]*' | cut -d= -f2; }
-  e_verdict() {  # CASE JOB STEPS [STOPS]: every step logged once over the segments, Ray stopped by the script in STOPS
-    # segments (default 2: one killed by SIGKILL cannot stop it, Slurm's kill does), none of its processes left
+  e_verdict() {  # CASE JOB STEPS: every step logged once over the segments, Ray stopped in each, none of it left
     local dir=$tmp/e-$1 log=$tmp/e-$1/slurm.log
-    [ "$(e_steps "$dir")" = "$(seq -s ' ' 1 "$3")" ] && [ "$(grep -c '^stapo: Ray stopped' "$log")" -ge "${4:-2}" ] &&
+    [ "$(e_steps "$dir")" = "$(seq -s ' ' 1 "$3")" ] && [ "$(grep -c '^stapo: Ray stopped' "$log")" -ge 2 ] &&
       [ -z "$(ours "/tmp/ray_$2/")" ] ||
       { echo "  steps: $(e_steps "$dir")"; grep -v 'INFO\|^ *$\|Loading weights\|Warning\|warn' "$log" | tail -25 | sed 's/^/  | /'; false; }
   }
@@ -433,16 +432,17 @@ print(*sorted(read_metrics(sys.argv[1])["actor/entropy"]))' "$1/metrics.jsonl" 2
   result $? "(e2) scancel --signal=USR1 --batch after step 3: ${saved#STAPO: }), requeued, finished: $state"
   rm -rf "/tmp/ray_$job"; job=
 
-  # (e3) the job killed (scancel --signal=KILL) after step 5 with a checkpoint every 3 steps; requeued as Slurm
-  # requeues a job whose node failed: it resumes after step 3, the steps 4-5 logged again from their checkpoint's state
+  # (e3) the training killed (SIGKILL, as a crash or a lost node ends it) after step 5, with a checkpoint every 3
+  # steps; the job fails, and requeued (as Slurm requeues a job whose node failed) it resumes after step 3, steps 4-5
+  # logged again from their checkpoint's state
   job=$(e_submit 3 3 8 3 --time=30)
-  e_until "$tmp/e-3/slurm.log" '^step:5 ' 300 && scancel --signal=KILL "$job"
+  e_until "$tmp/e-3/slurm.log" '^step:5 ' 300 && pkill -KILL -f "standins.py train .*$tmp/e-3/ckpt"
   state=$(e_wait "$job" 300)
   scontrol requeue "$job" && state2=$(e_wait "$job" 600)
   log=$tmp/e-3/slurm.log
-  [[ $state == @(CANCELLED|FAILED) ]] && [ "$state2" = COMPLETED ] && [ "$(grep -c '^step:4 ' "$log")" = 2 ] &&
-    [ "$(grep -c '^step:3 ' "$log")" = 1 ] && e_verdict 3 "$job" 8 1
-  result $? "(e3) SIGKILL after step 5 ($state), requeued: resumed from the checkpoint of step 3, finished: $state2"
+  [ "$state" = FAILED ] && [ "$state2" = COMPLETED ] && [ "$(grep -c '^step:4 ' "$log")" = 2 ] &&
+    [ "$(grep -c '^step:3 ' "$log")" = 1 ] && e_verdict 3 "$job" 8
+  result $? "(e3) the training killed after step 5 ($state), requeued: resumed from the checkpoint of step 3, finished: $state2"
   rm -rf "/tmp/ray_$job"; job=
 
   # (e4) the bound: STAPO_MAX_REQUEUES=0 saves on SIGUSR1 and ends with status 3, saying how to go on
