@@ -374,3 +374,28 @@ def test_an_output_folder_in_use_is_refused_and_a_killed_run_leaves_no_lock(tmp_
     from stapo.tools.io import hold_folder
 
     assert hold_folder(out) is None and hold_folder(out) is None  # free again; this process may ask twice
+
+
+def test_ctrl_c_ends_the_quickstart_with_one_line_and_nothing_half_written(tmp_path):
+    """Ctrl-C during the warm-up: one line, no traceback, and no warm-up folder (it is written whole, through a
+    temporary folder, once the warm-up ends); the argument errors come before the no-GPU banner."""
+    import signal
+
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    options = [*TINY[:-1], "100000", "--eval-problems", "2", "--samples", "2"]  # a warm-up that Ctrl-C ends
+    run = subprocess.Popen([sys.executable, "-m", "stapo.quickstart", "cpu", "--out", str(tmp_path / "out"), *options],
+                           env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    for line in run.stdout:
+        if line.startswith("task: "):  # the warm-up begins
+            break
+    run.send_signal(signal.SIGINT)
+    _, err = run.communicate(timeout=120)
+    assert run.returncode == 1 and "Traceback" not in err, err
+    assert (
+        err.strip().splitlines()[-1]
+        == f"interrupted: {tmp_path / 'out'} keeps what finished; nothing in it is half written"
+    )
+    assert not (tmp_path / "out" / "warmup").exists() and not (tmp_path / "out" / ".warmup.partial").exists()
+    wrong = subprocess.run([sys.executable, "-m", "stapo.quickstart", "cpu", "--out", str(tmp_path / "o"), "--lr", "0"],
+                           env=env, capture_output=True, text=True)  # fmt: skip
+    assert wrong.returncode != 0 and wrong.stdout == "" and wrong.stderr.strip() == "error: --lr=0.0: must be positive"

@@ -75,3 +75,25 @@ def test_each_launcher_names_a_method_and_size_that_compose(words):
     assert method in methods() and size in sizes()
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
         validate(compose(method, [f"size={size}", *overrides]), environment=False)
+
+
+def test_the_smollm2_example_trains_on_files_the_readme_makes(tmp_path, monkeypatch):
+    """Section 4's first run without the hub, as printed: the task command of section 3 writes the files, and the
+    train.sh line names them for training and validation (it once named only the training file, and the preflight
+    stopped on the hub benchmarks' $STAPO_DATA/aime24.parquet); its data pass the preflight's checks."""
+    import subprocess
+    import sys
+
+    from stapo.train import preflight
+
+    data = tmp_path / "stapo"
+    lines = [" ".join(words) for words in commands()]
+    (task,) = [line for line in lines if line.startswith("python -m stapo.quickstart.task word")]
+    (train,) = [words for words in commands() if words[:4] == ["bash", "scripts/train.sh", "stapo", "smollm2_135m"]]
+    made = subprocess.run([sys.executable, *task.replace("/data/stapo", str(data)).split()[1:]], capture_output=True)
+    assert made.returncode == 0, made.stderr
+    overrides = [word.replace("/data/stapo", str(data)) for word in train[4:]]
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        config = compose("stapo", ["size=smollm2_135m", *overrides])
+    assert preflight._data_problems(config) == []
+    assert config.data.val_files == str(data / "word1" / "validation.parquet")
