@@ -59,7 +59,7 @@ ray job submit --address="$RAY_ADDRESS" --submission-id="$id" \
 client=$!
 stop() {  # SIGNAL: ask the job to save and stop; bash runs a trap between commands, hence the background client
   echo "stapo: $1 received; stopping job $id: the training saves at the end of its step"
-  ray job stop --address="$RAY_ADDRESS" --no-wait "$id" >/dev/null
+  ray job stop --address="$RAY_ADDRESS" --no-wait "$id" >/dev/null || echo "stapo: ray job stop $id failed" >&2
 }
 trap 'stop USR1' USR1
 trap 'stop TERM' TERM
@@ -67,7 +67,7 @@ while kill -0 "$client" 2>/dev/null; do wait "$client" || true; done  # a trappe
 wait "$client" && rc=0 || rc=$?
 # Ray reports a job stopped on request as STOPPED and one that exited non-zero as FAILED, not its exit status: the
 # training's own line tells a save before the deadline or on a signal
-if ray job logs --address="$RAY_ADDRESS" "$id" 2>/dev/null | grep -q '^STAPO: saved step '; then
+if ray job logs --address="$RAY_ADDRESS" "$id" 2>/dev/null | grep '^STAPO: saved step ' >/dev/null; then  # all of it
   exit 3
 fi
 exit "$rc"

@@ -129,7 +129,7 @@ def train(argv: list[str]) -> None:
     from stapo.config import CONFIG_DIR
     from stapo.tools.io import set_aside
     from stapo.train import deadline
-    from stapo.train.main import finish_stop, prepare_stop, validate
+    from stapo.train.main import ConfigError, finish_stop, prepare_stop, validate
     from stapo.train.trainer import file_logger_path
 
     start = deadline.launched_at()
@@ -142,7 +142,10 @@ def train(argv: list[str]) -> None:
     AutoConfig.from_pretrained(model)  # the model folder the run starts from
     pq.read_table(config.data.train_files, columns=["prompt"])
     source = pq.read_table(config.data.val_files, columns=["data_source"]).column(0)[0].as_py()
-    folder = prepare_stop(config, start)
+    try:
+        folder = prepare_stop(config, start)
+    except ConfigError as error:  # as the real entry point (stapo.train.main._hydra_main) says it
+        raise SystemExit(f"error: {error}") from None
     trainer = config.trainer
     steps, val_n = trainer.total_training_steps, config.actor_rollout_ref.rollout.val_kwargs.n
     os.environ.update(config.ray_kwargs.ray_init.runtime_env.get("env_vars") or {})  # what Ray gives the TaskRunner

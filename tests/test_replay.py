@@ -36,8 +36,9 @@ def test_record_replay_halt_and_resume_compare_to_the_bit(tmp_path, task, monkey
     monkeypatch.setattr(replay, "TRAINER", [sys.executable, str(standins.HERE), "train"])
     monkeypatch.setenv("STANDIN_STEP_S", "1")  # the halt and the signal must see a step before the run ends
     # the deadline run's pace here depends on how many processes share the two cores, not on a GPU's steps: its
-    # deadline is 0 s from the launch (passed at its first step); the pacing is tested on its own below
-    monkeypatch.setattr(replay, "deadline_seconds", lambda times, metrics, at: 0.0)
+    # deadline is 30 s from the launch, closer than a step and a guessed save after its first step; the pacing is
+    # tested on its own below
+    monkeypatch.setattr(replay, "deadline_seconds", lambda times, metrics, at: 30.0)
     with pytest.raises(SystemExit) as done:
         replay.main(args(tmp_path, task, "--steps", "4", "--halt", "2", "--signal", "1", "--deadline", "2"))
     out = tmp_path / "out"
@@ -54,8 +55,8 @@ def test_record_replay_halt_and_resume_compare_to_the_bit(tmp_path, task, monkey
     signalled = (out / "runs" / "signal1" / "train.log").read_text()
     assert "SIGUSR1 sent after step 1" in signalled and f"saved step {record['stopped_at']['signal1']} in" in signalled
     assert record["stopped_at"]["halt2"] == 2 and record["stopped_at"]["signal1"] in (2, 3)
-    assert record["stopped_at"]["deadline"] == 1 and record["deadline_s"] == 0.0
-    assert "the deadline is -" in (out / "runs" / "deadline" / "train.log").read_text()
+    assert record["stopped_at"]["deadline"] == 1 and record["deadline_s"] == 30.0
+    assert "(the deadline is " in (out / "runs" / "deadline" / "train.log").read_text()
     times = json.loads((out / "runs" / "replay" / "times.json").read_text())  # what paces the deadline run
     assert list(times) == ["1", "2", "3", "4"] and times["1"] < times["2"] < times["4"]
     assert (out / "halt2" / "metrics.1.jsonl").is_file()  # the steps before the halt, set aside on resume

@@ -392,15 +392,17 @@ def check_verl_parquet(path: Path, expected: str, prompt_key: str = "prompt", so
 
 
 def hub_unreachable() -> str | None:
-    """Why the Hugging Face hub cannot be asked at all (offline mode set, or its host name not found), or None: the
-    hub clients would retry for about 25 s, a line each, before they fail."""
+    """Why the Hugging Face hub cannot be asked at all (its host name is not found, and no proxy is set that would
+    resolve it), or None: the hub clients would retry for about 25 s, a line each, before they fail. With
+    HF_HUB_OFFLINE they read their cache without asking, so nothing is probed."""
     import socket
     from urllib.parse import urlparse
 
     from huggingface_hub import constants
 
-    if constants.HF_HUB_OFFLINE:
-        return "HF_HUB_OFFLINE is set"
+    proxies = ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")
+    if constants.HF_HUB_OFFLINE or any(os.environ.get(name) for name in proxies):
+        return None
     host = urlparse(constants.ENDPOINT).hostname
     try:
         socket.getaddrinfo(host, 443)

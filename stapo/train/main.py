@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import fields
 from datetime import datetime, timezone
@@ -95,6 +96,11 @@ def prepare_stop(config: DictConfig, start: float) -> Path:
     armed; returns the folder."""
     folder = Path(config.trainer.default_local_dir).expanduser().absolute()
     found = deadline.find_deadline(config.stapo.get("deadline"), os.environ, start)
+    if found and (problem := stop_problem(config, *found)):
+        if found[1] == "stapo.deadline":
+            raise ConfigError(problem)
+        print(f"STAPO: no save before {found[1]}: {problem}")
+        found = None
     with open_dict(config):
         config.trainer.default_local_dir = str(folder)
         config.stapo.deadline = datetime.fromtimestamp(found[0], timezone.utc).isoformat() if found else ""
@@ -109,18 +115,35 @@ def prepare_stop(config: DictConfig, start: float) -> Path:
     return folder
 
 
+def stop_problem(config: DictConfig, end: float, source: str) -> str | None:
+    """Why the run could not save before the deadline ``end`` (Unix time, from ``source``) and resume from it."""
+    from stapo.config import TRAINER_MODES
+
+    mode = config.trainer.v1.trainer_mode
+    if mode not in TRAINER_MODES:
+        return f"trainer.v1.trainer_mode={mode}: only the recipe's trainer modes ({', '.join(TRAINER_MODES)}) save"
+    if (config.actor_rollout_ref.actor.get("checkpoint") or {}).get("async_save", False):
+        return "actor_rollout_ref.actor.checkpoint.async_save=True: the save must be on disk before the run exits"
+    if config.trainer.resume_mode != "auto":
+        return f"trainer.resume_mode={config.trainer.resume_mode}: the same command would not resume from the save"
+    if end <= time.time():
+        return f"{source} has passed already ({datetime.fromtimestamp(end).astimezone().isoformat(timespec='seconds')})"
+    return None
+
+
 def finish_stop(config: DictConfig, folder: Path) -> None:
-    """After the trainer returned: exit with status 3 if it saved and stopped early, saying how to go on."""
+    """After the trainer returned: exit with status 3 if it saved and stopped early, saying how to go on (status 1 where
+    the same command would not resume from that checkpoint)."""
     saved = deadline.clear(folder)
     if saved is None:
         return
     resume = config.trainer.resume_mode
-    how = (
-        "run the same command to resume from it"
-        if resume == "auto"
-        else f"trainer.resume_mode={resume}: set trainer.resume_mode=auto to resume from it"
-    )
-    print(f"STAPO: saved step {saved['step']} in {folder} ({saved['reason']}); {how}", flush=True)
+    if resume != "auto":
+        raise SystemExit(
+            f"STAPO: saved step {saved['step']} in {folder} ({saved['reason']}); trainer.resume_mode={resume}: the same "
+            "command would not resume from it; set trainer.resume_mode=auto to resume"
+        )
+    print(f"STAPO: saved step {saved['step']} in {folder} ({saved['reason']}); run the same command to resume from it")
     raise SystemExit(deadline.RESUME_EXIT)
 
 

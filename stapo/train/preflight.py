@@ -45,16 +45,6 @@ def validate_training_config(config: DictConfig) -> StapoConfig:
     stapo = StapoConfig.from_node(config.get("stapo"))
     trainer = config.trainer
     actor = config.actor_rollout_ref.actor
-    if stapo.deadline != "" and trainer.v1.trainer_mode not in TRAINER_MODES:
-        raise StapoConfigError(
-            f"stapo.deadline needs one of the recipe's trainer modes ({', '.join(TRAINER_MODES)}), which save before "
-            f"it; trainer.v1.trainer_mode={trainer.v1.trainer_mode!r} does not"
-        )
-    if stapo.deadline != "" and (actor.get("checkpoint") or {}).get("async_save", False):
-        raise StapoConfigError(
-            "actor_rollout_ref.actor.checkpoint.async_save=True: a save before stapo.deadline must be on disk before "
-            "the run exits; set async_save=False"
-        )
     if not (stapo.active or stapo.metrics):
         return stapo
     if not trainer.get("use_v1", True):
