@@ -531,9 +531,13 @@ def test_ray_job_sh_turns_a_signal_into_a_stop_and_exits_3_and_the_same_command_
     bin_dir.mkdir()
     python_standing_in(bin_dir).rename(bin_dir / "python3")
     port, dash, agent, client = free_port(), free_port(), free_port(), free_port()
-    env = {**os.environ, "PATH": f"{bin_dir}:{Path(sys.executable).parent}:{os.environ['PATH']}",
-           "STANDIN_STEP_S": "2", "VERL_FILE_LOGGER_PATH": str(tmp_path / "metrics.jsonl"),
-           "RAY_TMPDIR": tempfile.mkdtemp(prefix="rj", dir="/tmp")}  # fmt: skip (short: Ray's socket paths)
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{Path(sys.executable).parent}:{os.environ['PATH']}",
+        "STANDIN_STEP_S": "2",
+        "VERL_FILE_LOGGER_PATH": str(tmp_path / "metrics.jsonl"),
+        "RAY_TMPDIR": tempfile.mkdtemp(prefix="rj", dir="/tmp"),
+    }  # fmt: skip (short: Ray's socket paths)
     head = subprocess.Popen(
         ["ray", "start", "--head", "--block", f"--port={port}", f"--dashboard-port={dash}", "--num-cpus=2",
          f"--dashboard-agent-listen-port={agent}", f"--ray-client-server-port={client}", "--num-gpus=0"],

@@ -181,8 +181,12 @@ def _reader(stream, lines: queue.Queue) -> None:
 
 
 def _stop(process: subprocess.Popen, grace_s: float = 10.0) -> None:
-    """SIGTERM to the command's process group; SIGKILL to what is left of it after ``grace_s``."""
+    """SIGTERM to the command's process group, twice (the recipe's driver takes a first one as a request to save at
+    the end of the step, :mod:`stapo.train.deadline`, and ends at a second); SIGKILL to what is left of it after
+    ``grace_s``."""
     try:
+        os.killpg(process.pid, signal.SIGTERM)
+        time.sleep(0.5)
         os.killpg(process.pid, signal.SIGTERM)
     except ProcessLookupError:
         process.wait()

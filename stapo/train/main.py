@@ -140,8 +140,8 @@ def finish_stop(config: DictConfig, folder: Path) -> None:
     resume = config.trainer.resume_mode
     if resume != "auto":
         raise SystemExit(
-            f"STAPO: saved step {saved['step']} in {folder} ({saved['reason']}); trainer.resume_mode={resume}: the same "
-            "command would not resume from it; set trainer.resume_mode=auto to resume"
+            f"STAPO: saved step {saved['step']} in {folder} ({saved['reason']}); trainer.resume_mode={resume}: the "
+            "same command would not resume from it; set trainer.resume_mode=auto to resume"
         )
     print(f"STAPO: saved step {saved['step']} in {folder} ({saved['reason']}); run the same command to resume from it")
     raise SystemExit(deadline.RESUME_EXIT)
@@ -259,7 +259,7 @@ def check_names(argv: list[str]) -> None:
 
 
 HYDRA_VALUE_FLAGS = ("--config-name", "-cn", "--config-path", "-cp", "--config-dir", "-cd", "--cfg", "-c", "--package",
-                     "-p")  # fmt: skip
+                     "-p", "--info", "-i")  # fmt: skip
 """Hydra's flags whose value may follow as the next argument (``--cfg job``): that value is no override."""
 _KEY = re.compile(r"[+~]{0,2}[A-Za-z_][\w.-]*")
 
@@ -307,8 +307,8 @@ def key_problem(argv: Sequence[str]) -> str | None:
     from hydra import compose, initialize_config_dir
     from hydra.errors import ConfigCompositionException
 
-    method = next((a.partition("=")[2] or argv[i + 1] for i, a in enumerate(argv) if a.startswith("--config-name")
-                   and (a.partition("=")[2] or i + 1 < len(argv))), "stapo")  # fmt: skip
+    method = next((a.partition("=")[2] or argv[i + 1] for i, a in enumerate(argv) if a.split("=")[0] in
+                   ("--config-name", "-cn") and (a.partition("=")[2] or i + 1 < len(argv))), "stapo")  # fmt: skip
     overrides = overrides_of(argv)
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
         try:
