@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, field, fields
+from datetime import datetime
 from pathlib import Path
 from typing import Literal, get_args, get_origin, get_type_hints
 
@@ -213,12 +214,7 @@ class StapoConfig:
                 "stapo.mask=s2t and stapo.policy_source=old"
             )
         if self.deadline != "":
-            from stapo.train.deadline import DeadlineError, parse_deadline
-
-            try:
-                parse_deadline(self.deadline, 0.0)
-            except DeadlineError as error:
-                raise StapoConfigError(str(error)) from None
+            parse_deadline(self.deadline, 0.0)
         if self.record_rollouts and self.replay_rollouts:
             raise StapoConfigError(
                 "stapo.record_rollouts and stapo.replay_rollouts are both set: a run records its rollouts or replays "
@@ -245,6 +241,32 @@ class StapoConfig:
     def active(self) -> bool:
         """A mask is applied to the loss."""
         return self.mask != "none"
+
+
+def parse_deadline(value: float | int | str, start: float) -> float:
+    """``stapo.deadline`` as a Unix time: a number is seconds from ``start`` (the launch); a string is such a number
+    or an ISO 8601 time (``2026-12-07T09:30``; without a zone, this machine's local time)."""
+    if isinstance(value, bool):
+        raise StapoConfigError(
+            f"stapo.deadline={value!r}: give seconds from the launch or a time like 2026-12-07T09:30"
+        )
+    if isinstance(value, int | float):
+        seconds = float(value)
+    else:
+        try:
+            seconds = float(value)
+        except ValueError:
+            try:
+                moment = datetime.fromisoformat(value.strip())
+            except ValueError:
+                raise StapoConfigError(
+                    f"stapo.deadline={value!r}: neither seconds from the launch nor an ISO 8601 time; give e.g. "
+                    "stapo.deadline=86000 or stapo.deadline='\"2026-12-07T09:30\"'"
+                ) from None
+            return moment.timestamp()  # a naive time is local
+    if not math.isfinite(seconds) or seconds < 0:
+        raise StapoConfigError(f"stapo.deadline={value!r}: seconds from the launch must be 0 or more")
+    return start + seconds
 
 
 _RANGES = {

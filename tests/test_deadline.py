@@ -22,9 +22,10 @@ import pytest
 import standins
 from omegaconf import OmegaConf
 
+from stapo.config import StapoConfigError, parse_deadline
 from stapo.quickstart.run import build
 from stapo.train import deadline
-from stapo.train.deadline import StepClock, find_deadline, must_stop, parse_deadline, slurm_end
+from stapo.train.deadline import StepClock, find_deadline, must_stop, slurm_end
 from stapo.train.preflight import validate_training_config
 from stapo.train.trainer import STAPOMixin
 
@@ -89,7 +90,7 @@ def test_stapo_deadline_is_seconds_from_the_launch_or_a_time():
     assert parse_deadline("2026-12-07T09:30:00+00:00", 0) == utc.timestamp()
     assert parse_deadline("2026-12-07T09:30", 0) == datetime(2026, 12, 7, 9, 30).timestamp()  # local time
     for bad in ("tomorrow", -1, float("nan"), True):
-        with pytest.raises(deadline.DeadlineError, match="stapo.deadline="):
+        with pytest.raises(StapoConfigError, match="stapo.deadline="):
             parse_deadline(bad, 0)
 
 

@@ -5,6 +5,7 @@ import pytest
 from verl.utils.tracking import FileLogger
 
 from stapo.checks import reproduce
+from stapo.tools import curves
 from stapo.tools.io import set_aside
 
 
@@ -67,4 +68,4 @@ def test_all_compares_every_metric_but_time_and_memory(tmp_path, monkeypatch, ca
         reproduce.main(["compare", *runs, "--all"])
     verdict = capsys.readouterr().out.splitlines()[-1]
     assert every.value.code == 1 and verdict == "verdict: differ: actor/lr (max |diff| 1e-06)"
-    assert reproduce.every_key({"a": {}, "timing_s/x": {}}, {"b": {}}) == ("a", "b")  # one run's metric: compared
+    assert curves.every_key({"a": {}, "timing_s/x": {}}, {"b": {}}) == ("a", "b")  # one run's metric: compared

@@ -10,7 +10,7 @@ command differ from their first step whatever the trainer does. ``run`` takes vL
 run of the recipe's STAPO method (``determinism=full``, ``stapo.record_rollouts``) writes every response it generates;
 a *replay* run (``stapo.replay_rollouts``) trains on those responses without generating, and so, for each ``--halt``
 step K, does a run killed at the step boundary after its checkpoint of step K (``halt``) and then resumed. All of
-them must log the same value of every metric at every step (:func:`stapo.checks.reproduce.every_key`: all but time
+them must log the same value of every metric at every step (:func:`stapo.tools.curves.every_key`: all but time
 and memory) and end with the same weights (SHA-256 of the last checkpoint's actor files). The replay run and the
 record run trained on the same tokens, so they must agree too.
 
@@ -46,11 +46,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from stapo.checks.reproduce import compare, every_key, to_markdown
+from stapo.checks.reproduce import to_markdown
 from stapo.checks.startup import command_problem
 from stapo.quickstart.experiment import KV_CACHE_BYTES, TRAINER, override_problem, state_digest
 from stapo.quickstart.tiny import replace_overrides, tiny_run_overrides
-from stapo.tools.curves import read_metrics
+from stapo.tools.curves import compare, every_key, read_metrics
 from stapo.tools.io import hold_folder, new_folder_problem, output_problem, write_atomic
 from stapo.train.clusters import launch
 
@@ -114,7 +114,7 @@ def weights_digest(checkpoints: Path, step: int) -> str | None:
 
 def comparisons(out: Path, legs: dict[str, int], steps: int) -> tuple[dict, str]:
     """Each run folder of ``legs`` (folder -> its halt step, 0 for none) compared with the replay run at every metric
-    (:func:`stapo.checks.reproduce.every_key`) and step: per folder, whether every value is equal, the metrics and
+    (:func:`stapo.tools.curves.every_key`) and step: per folder, whether every value is equal, the metrics and
     steps compared, those that differ and the steps missing. A halted run may miss its halt step (verl 0.9.1 writes a
     step's checkpoint before it logs the step's metrics: a kill in between loses that line, not the step); any other
     missing step fails. The verdicts (JSON-ready) and the tables (Markdown)."""

@@ -13,12 +13,11 @@ value is equal to the bit. The exit code is 0 when they are, 1 when they differ 
 from __future__ import annotations
 
 import argparse
-import math
 import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from stapo.tools.curves import ReportError, read_metrics
+from stapo.tools.curves import ReportError, compare, every_key, read_metrics
 from stapo.tools.io import output_problem, write_atomic
 
 KEYS = (
@@ -35,14 +34,6 @@ KEYS = (
 )
 """What two runs of one command must share, step by step (the step time is shown, never compared)."""
 TIMING = "timing_s/step"
-VARYING = ("timing_s/", "timing_per_token_ms/", "perf/mfu/", "perf/throughput", "perf/time_per_step", "actor/perf/")
-"""Prefixes of the metrics that measure time or memory, not what was computed: never compared by ``--all``."""
-
-
-def every_key(a: dict[str, dict[int, float]], b: dict[str, dict[int, float]]) -> tuple[str, ...]:
-    """Every metric either run logged, except the :data:`VARYING` ones (``--all``): one logged by one run only
-    differs."""
-    return tuple(sorted(key for key in set(a) | set(b) if not key.startswith(VARYING)))
 
 
 def parse_steps(text: str | None) -> range | None:
@@ -53,24 +44,6 @@ def parse_steps(text: str | None) -> range | None:
     if not match or int(match[1]) > int(match[2]) or int(match[1]) < 1:
         raise ReportError(f"--steps {text}: give FIRST-LAST, e.g. 4-6")
     return range(int(match[1]), int(match[2]) + 1)
-
-
-def compare(
-    a: dict[str, dict[int, float]], b: dict[str, dict[int, float]], steps: range | None = None, keys: Sequence = KEYS
-) -> dict:
-    """Per key of ``keys`` that either run logged: ``rows`` (step, A, B) at the steps both logged (within ``steps``),
-    the largest absolute difference, and whether all values are bitwise equal (NaN equals NaN)."""
-    result = {}
-    for key in keys:
-        if key not in a and key not in b:
-            continue
-        shared = sorted(set(a.get(key, {})) & set(b.get(key, {})))
-        shared = [s for s in shared if steps is None or s in steps]
-        rows = [(s, a[key][s], b[key][s]) for s in shared]
-        same = bool(rows) and all(x == y or (math.isnan(x) and math.isnan(y)) for _, x, y in rows)
-        gaps = [abs(x - y) for _, x, y in rows if not (math.isnan(x) or math.isnan(y))]
-        result[key] = {"rows": rows, "max_diff": max(gaps, default=math.nan), "equal": same}
-    return result
 
 
 def to_markdown(result: dict, names: tuple[str, str]) -> str:
@@ -98,7 +71,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             raise ReportError(problem)
         steps = parse_steps(args.steps)
         a, b = (read_metrics(path) for path in args.runs)
-        result = compare(a, b, steps, every_key(a, b) if args.all else KEYS)
+        result = compare(a, b, every_key(a, b) if args.all else KEYS, steps)
         if not result:
             raise ReportError(
                 "neither run logged any metric" if args.all else f"neither run logged any of {', '.join(KEYS)}"

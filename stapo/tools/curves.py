@@ -47,6 +47,34 @@ def _number(text: str) -> float | None:
         return None
 
 
+VARYING = ("timing_s/", "timing_per_token_ms/", "perf/mfu/", "perf/throughput", "perf/time_per_step", "actor/perf/")
+"""Prefixes of the metrics that measure time or memory, not what was computed: never compared by ``--all``."""
+
+
+def every_key(a: dict[str, dict[int, float]], b: dict[str, dict[int, float]]) -> tuple[str, ...]:
+    """Every metric either run logged, except the :data:`VARYING` ones (``--all``): one logged by one run only
+    differs."""
+    return tuple(sorted(key for key in set(a) | set(b) if not key.startswith(VARYING)))
+
+
+def compare(
+    a: dict[str, dict[int, float]], b: dict[str, dict[int, float]], keys: Sequence[str], steps: range | None = None
+) -> dict:
+    """Per key of ``keys`` that either run logged: ``rows`` (step, A, B) at the steps both logged (within ``steps``),
+    the largest absolute difference, and whether all values are bitwise equal (NaN equals NaN)."""
+    result = {}
+    for key in keys:
+        if key not in a and key not in b:
+            continue
+        shared = sorted(set(a.get(key, {})) & set(b.get(key, {})))
+        shared = [s for s in shared if steps is None or s in steps]
+        rows = [(s, a[key][s], b[key][s]) for s in shared]
+        same = bool(rows) and all(x == y or (math.isnan(x) and math.isnan(y)) for _, x, y in rows)
+        gaps = [abs(x - y) for _, x, y in rows if not (math.isnan(x) or math.isnan(y))]
+        result[key] = {"rows": rows, "max_diff": max(gaps, default=math.nan), "equal": same}
+    return result
+
+
 def read_metrics(path: Path) -> dict[str, dict[int, float]]:
     """``metric -> {step: value}`` of one training run (a later value of a step wins, as after a resume).
 

@@ -33,7 +33,7 @@ from importlib import metadata
 from pathlib import Path
 
 from stapo.s2t import DEFAULTS, distinct_silenced
-from stapo.tools.curves import band, figure_data, plot_runs, read_metrics, read_runs
+from stapo.tools.curves import band, compare, every_key, figure_data, plot_runs, read_metrics, read_runs
 from stapo.tools.decisive import report as decisive_report
 from stapo.tools.io import output_problem, write_atomic
 
@@ -239,12 +239,10 @@ def replay_block(root: Path, name: str, path: str = "replay/replay.json") -> str
 
 def runs_block(root: Path, name: str, reference: str, *runs: str) -> str:
     """Runs of one recording compared with the ``reference`` run at every metric but time and memory
-    (:func:`stapo.checks.reproduce.every_key`), at the steps both logged, from each run folder's ``metrics.jsonl.gz``:
+    (:func:`stapo.tools.curves.every_key`), at the steps both logged, from each run folder's ``metrics.jsonl.gz``:
     its exit code (``exit_code``), the steps it logged, the step it saved at on a signal or a deadline (the trainer's
     ``STAPO: saved step N`` line in ``train.log.tail``), and whether every value is equal to the bit."""
     import re as regex
-
-    from stapo.checks.reproduce import compare, every_key
 
     folder = root / RECORDS / name
     base = read_metrics(folder / reference / "metrics.jsonl.gz")

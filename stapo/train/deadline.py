@@ -26,7 +26,6 @@ Without a deadline and without a signal nothing here acts, and a run behaves exa
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 import signal
@@ -36,6 +35,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from stapo.config import parse_deadline
 from stapo.tools.io import write_atomic
 
 RESUME_EXIT = 3
@@ -55,34 +55,6 @@ Volcano Engine MLP or SageMaker capacity block ends."""
 NO_LIMIT_S = 366 * 86400.0
 """An end time further away than this is no limit (Slurm reports a job without one as ending in years)."""
 SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
-
-
-class DeadlineError(ValueError):
-    """``stapo.deadline`` names no time."""
-
-
-def parse_deadline(value: float | int | str, start: float) -> float:
-    """``stapo.deadline`` as a Unix time: a number is seconds from ``start`` (the launch); a string is such a number
-    or an ISO 8601 time (``2026-12-07T09:30``; without a zone, this machine's local time)."""
-    if isinstance(value, bool):
-        raise DeadlineError(f"stapo.deadline={value!r}: give seconds from the launch or a time like 2026-12-07T09:30")
-    if isinstance(value, int | float):
-        seconds = float(value)
-    else:
-        try:
-            seconds = float(value)
-        except ValueError:
-            try:
-                moment = datetime.fromisoformat(value.strip())
-            except ValueError:
-                raise DeadlineError(
-                    f"stapo.deadline={value!r}: neither seconds from the launch nor an ISO 8601 time; give e.g. "
-                    "stapo.deadline=86000 or stapo.deadline='\"2026-12-07T09:30\"'"
-                ) from None
-            return moment.timestamp()  # a naive time is local
-    if not math.isfinite(seconds) or seconds < 0:
-        raise DeadlineError(f"stapo.deadline={value!r}: seconds from the launch must be 0 or more")
-    return start + seconds
 
 
 def launched_at() -> float:
