@@ -1,7 +1,7 @@
 """Is the training side exact on its own? Runs that train on one recording of rollouts, compared to the bit.
 
     python -m stapo.checks.replay run --model DIR --data DIR --out DIR [--steps 6] [--halt 2 3] [--signal K]
-                                      [--deadline K] [-- OVERRIDE ...]
+                                      [--deadline SECONDS] [-- OVERRIDE ...]
     python -m stapo.checks.replay halt --at STEP --checkpoints DIR -- COMMAND ...
     python -m stapo.checks.replay watch --metrics FILE --times FILE [--signal-at K] [--stops] -- COMMAND ...
 
@@ -22,10 +22,12 @@ digests; the exit code is 0 when every comparison is equal to the bit, 1 when on
 
 A run that outlives its job (:mod:`stapo.train.deadline`): ``--signal K`` adds a replayed run sent SIGUSR1 once it
 logged step K, which must save at the end of the step under way, log it, exit with status 3 and, resumed, end as the
-replay run; ``--deadline K`` adds one whose ``stapo.deadline`` falls near step K (from the replay run's pace: its
-launch to step K, plus its longest step and a guessed save, margin 0; it starts after the replay run, whose caches the
-record run filled: the record run itself compiles vLLM's kernels and is slower), which must do the same. Neither may
-lose a step's metrics, and their checkpoint is the stop's own (``trainer.save_freq`` is the run's length).
+replay run; ``--deadline SECONDS`` adds one whose ``stapo.deadline`` is SECONDS from its launch, which must do the same
+before its last step. Neither may lose a step's metrics, and their checkpoint is the stop's own (``trainer.save_freq``
+is the run's length). A deadline cannot be aimed at a later step from another run's pace: two launches' start-ups
+differ by up to 20 s where a step of the 135M model takes 2 s, and two such tries on an H100 fell after the run's end;
+``scripts/gpu/deadline.sh`` sets 60 s, before step 1 ends (~120 s after the launch), so the run must stop there. Which
+step a deadline stops is :func:`stapo.train.deadline.must_stop`'s arithmetic, tested on CPU (tests/test_deadline.py).
 
 ``halt`` runs COMMAND in a process group of its own and kills the group once ``DIR/latest_checkpointed_iteration.txt``
 says STEP (or later), as a preempted job is killed; it exits 0 then, and 1 if COMMAND ended first. ``watch`` runs
@@ -37,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import subprocess
@@ -192,8 +195,8 @@ def check(args: argparse.Namespace) -> str | None:
     # a signal after step K is acted on at the end of step K + 1, which must not be the last
     if bad := [k for k in args.signal if not 0 < k < args.steps - 1]:
         return f"--signal {bad[0]}: signal after a step between 1 and {args.steps - 2} (--steps {args.steps})"
-    if not 0 <= args.deadline < args.steps:
-        return f"--deadline {args.deadline}: a step between 1 and {args.steps - 1} (--steps {args.steps})"
+    if not (math.isfinite(args.deadline) and args.deadline >= 0):
+        return f"--deadline {args.deadline:g}: seconds from a run's launch, more than 0 (0: no deadline run)"
     if not (args.model / "config.json").is_file():
         return f"--model {args.model}: no config.json there; name a Hugging Face model folder"
     if not (args.data / "train.parquet").is_file():
@@ -247,17 +250,6 @@ def logged_steps(metrics: Path) -> list[int]:
     return steps
 
 
-def deadline_seconds(times: dict, metrics: Path, at: int) -> float:
-    """``stapo.deadline`` (seconds from the launch, margin 0) that a run at another run's pace reaches at the end of
-    step ``at``: its launch to step ``at``, plus its longest step so far and a guessed save, less half a step
-    (:func:`stapo.train.deadline.must_stop`)."""
-    from stapo.train.deadline import SAVE_GUESS_S
-
-    step_s = read_metrics(metrics)["timing_s/step"]
-    longest = max(step_s[k] for k in range(1, at + 1))
-    return times[str(at)] + longest + SAVE_GUESS_S - step_s[at] / 2
-
-
 def run(args: argparse.Namespace) -> int:
     def command(leg: Leg) -> list:
         train = [*TRAINER, *overrides(leg, args)]
@@ -266,7 +258,7 @@ def run(args: argparse.Namespace) -> int:
             return [*stop, "--checkpoints", args.out / leg.folder / "ckpt", "--", *train]
         watcher = [sys.executable, "-m", "stapo.checks.replay", "watch", "--metrics", args.out / leg.folder /
                    "metrics.jsonl", "--times", args.out / "runs" / leg.name / "times.json"]  # fmt: skip
-        # (every run but a halted one is watched: the replay run's step times pace the deadline run)
+        # (every run but a halted one is watched: when each step appeared goes into the record)
         if leg.stop == "signal":
             watcher += ["--signal-at", leg.at]
         return [*watcher, *["--stops"] * bool(leg.stop), "--", *train]
@@ -284,17 +276,11 @@ def run(args: argparse.Namespace) -> int:
         return 2
     stopped = [Leg(f"halt{k}", f"halt{k}", "stapo.replay_rollouts", k, "kill") for k in args.halt]
     stopped += [Leg(f"signal{k}", f"signal{k}", "stapo.replay_rollouts", 0, "signal", at=k) for k in args.signal]
+    if args.deadline:
+        stopped.append(Leg("deadline", "deadline", "stapo.replay_rollouts", 0, "deadline", deadline_s=args.deadline))
     if not run_stage([Leg("replay", "replay", "stapo.replay_rollouts"), *stopped]):
         return 2
-    third = [Leg(f"{leg.name}-resumed", leg.folder, leg.tape, leg.halt) for leg in stopped]
-    if args.deadline:  # paced on the replay run: warm caches, runs beside it (the record run compiled vLLM's kernels)
-        times = json.loads((args.out / "runs" / "replay" / "times.json").read_text())
-        seconds = deadline_seconds(times, args.out / "replay" / "metrics.jsonl", args.deadline)
-        stopped.append(Leg("deadline", "deadline", "stapo.replay_rollouts", 0, "deadline", deadline_s=seconds))
-        third.append(stopped[-1])
-    if not run_stage(third):
-        return 2
-    if args.deadline and not run_stage([Leg("deadline-resumed", "deadline", "stapo.replay_rollouts")]):
+    if not run_stage([Leg(f"{leg.name}-resumed", leg.folder, leg.tape, leg.halt) for leg in stopped]):
         return 2
     record, tables = verdicts(args.out, {"record": 0, **{leg.folder: leg.halt for leg in stopped}}, args.steps)
     record["stopped_at"] = {leg.folder: saved_step(args.out / leg.folder / "ckpt", args.steps) for leg in stopped}
@@ -323,7 +309,7 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument("--steps", type=int, default=6)
     start.add_argument("--halt", type=int, nargs="*", default=[2, 3], help="steps to kill a replayed run after")
     start.add_argument("--signal", type=int, nargs="*", default=[], help="steps to send a replayed run SIGUSR1 after")
-    start.add_argument("--deadline", type=int, default=0, help="a step near which a replayed run's deadline falls")
+    start.add_argument("--deadline", type=float, default=0, help="stapo.deadline of a replayed run, s from its launch")
     start.add_argument("--tau-p", type=float, default=0.02, help="stapo.tau_p (a 135M model's vocabulary is small)")
     start.add_argument("overrides", nargs="*", help="Hydra overrides for every run, after --")
     stop = commands.add_parser("halt", help="run COMMAND; kill it at the checkpoint of step --at")
