@@ -44,7 +44,7 @@ def test_record_replay_halt_and_resume_compare_to_the_bit(tmp_path, task, monkey
     assert "step:3" not in (out / "runs" / "halt2" / "train.log").read_text()  # killed before it logged step 3
     assert "step:1" not in (out / "runs" / "halt2-resumed" / "train.log").read_text()  # resumed after step 2
     record = json.loads((out / "replay.json").read_text())
-    assert record["equal"] and record["weights_equal"]
+    assert record["equal"] and record["weights_equal"] and record["weights_moved"]
     assert set(record["weights_sha256"]) == {"replay", "record", "halt2", "signal1", "deadline"}
     assert all(set(c["steps"]) | {2} == {1, 2, 3, 4} and c["metrics"] > 3 for c in record["comparisons"].values())
     for folder in ("record", "signal1", "deadline"):
@@ -59,6 +59,24 @@ def test_record_replay_halt_and_resume_compare_to_the_bit(tmp_path, task, monkey
     assert (out / "halt2" / "metrics.1.jsonl").is_file()  # the steps before the halt, set aside on resume
     assert (out / "replay.md").read_text().endswith("verdict: identical to the bit\n")
     foreign_ray_ignored()
+
+
+def test_a_replay_whose_gradients_were_all_zero_shows_nothing(tmp_path, monkeypatch):
+    """A reward that never varies leaves every advantage and gradient 0: runs equal then say nothing of the update
+    (the records of 2026-11-29 and 2026-12-06); one nonzero step is enough."""
+    from verl.utils.tracking import FileLogger
+
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(tmp_path / "metrics.jsonl"))
+    logger = FileLogger("stapo", "replay")
+    for step in (1, 2, 3):
+        logger.log({"actor/grad_norm": 0.0, "actor/entropy": 2.0}, step)
+    logger.finish()
+    assert not replay.weights_moved(tmp_path / "metrics.jsonl")
+    logger = FileLogger("stapo", "replay")
+    logger.log({"actor/grad_norm": 0.01}, 4)
+    logger.finish()
+    assert replay.weights_moved(tmp_path / "metrics.jsonl")
+    assert replay.REWARD.endswith("gpu_smoke:smoke_reward")
 
 
 def test_every_run_has_the_tape_and_determinism(tmp_path, task):
@@ -163,8 +181,9 @@ def test_the_gpu_script_probes_every_setting_beside_the_replay(tmp_path):
 
 def test_the_deadline_script_runs_the_signal_and_deadline_legs(tmp_path):
     """scripts/gpu/deadline.sh as printed, from a folder that does not exist yet, with the same stand-in Python: the
-    model converted from --src, the task, and the replay check with a SIGUSR1 leg after step 2 and a deadline leg 60 s
-    after its launch (no halted legs), arguments its real parser accepts and a config that passes the trainer's checks."""
+    model converted from --src, the task, and the replay check with a SIGUSR1 leg after step 2 and a deadline leg 60
+    s after its launch (no halted legs), arguments its real parser accepts and a config that passes the trainer's
+    checks."""
     import shlex
     import subprocess
 

@@ -118,6 +118,25 @@ def test_log_formats(tmp_path):
         report.read_metrics(FIXTURES / "report_expected_table.md")
 
 
+def test_a_resumed_runs_earlier_segment_is_read_also_gzipped_as_evidence_keeps_it(tmp_path):
+    """A stopped and resumed run's log is two files (the trainer set the first aside); evidence/ keeps both
+    gzipped, ``metrics.1.jsonl.gz`` and ``metrics.jsonl.gz``, and both are read, the earlier first."""
+    import gzip
+
+    from stapo.tools.io import set_aside
+
+    lines = (FIXTURES / "report_log_stapo_qwen3_1.7b.jsonl").read_text().splitlines()
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines[:10]) + "\n")
+    set_aside(tmp_path / "metrics.jsonl")
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines[10:]) + "\n")
+    whole = report.read_metrics(tmp_path / "metrics.jsonl")
+    for name in ("metrics.1.jsonl", "metrics.jsonl"):
+        with gzip.open(tmp_path / f"{name}.gz", "wt") as file:
+            file.write((tmp_path / name).read_text())
+    assert report.read_metrics(tmp_path / "metrics.jsonl.gz") == whole
+    assert sorted(whole["actor/entropy"]) == list(range(1, 31))
+
+
 def test_a_damaged_jsonl_line_is_named_unless_it_is_the_last(tmp_path, capsys):
     """A kill mid-write cuts off the last line only, which is skipped; a damaged line before it was skipped silently
     (and a step's metrics with it): ``report plot`` now names the file and line, writing nothing."""

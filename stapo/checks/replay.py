@@ -15,10 +15,11 @@ and memory) and end with the same weights (SHA-256 of the last checkpoint's acto
 record run trained on the same tokens, so they must agree too.
 
 The runs are the quickstart's tiny-model run (:func:`stapo.quickstart.tiny.tiny_run_overrides`: 16 prompts x 4
-responses a step) on ``--data``'s ``train.parquet``; with 48 prompts there an epoch is 3 steps, so ``--halt 2 3``
-kills one run mid-epoch and one at the epoch's end. The replayed runs share the GPU (a Ray cluster each,
-:func:`stapo.train.clusters.launch`). ``OUT/replay.md`` holds the tables, ``OUT/replay.json`` the verdicts and
-digests; the exit code is 0 when every comparison is equal to the bit, 1 when one differs.
+responses a step; the reward :data:`REWARD`) on ``--data``'s ``train.parquet``; with 48 prompts there an epoch is 3
+steps, so ``--halt 2 3`` kills one run mid-epoch and one at the epoch's end. The replayed runs share the GPU (a Ray
+cluster each, :func:`stapo.train.clusters.launch`). ``OUT/replay.md`` holds the tables, ``OUT/replay.json`` the
+verdicts and digests; the exit code is 0 when every comparison is equal to the bit and the replay run's gradients
+were not all zero, else 1.
 
 A run that outlives its job (:mod:`stapo.train.deadline`): ``--signal K`` adds a replayed run sent SIGUSR1 once it
 logged step K, which must save at the end of the step under way, log it, exit with status 3 and, resumed, end as the
@@ -101,7 +102,17 @@ def overrides(leg: Leg, args: argparse.Namespace) -> list[str]:
     return ["--config-name=stapo", "determinism=full", *replace_overrides(base, changes)]
 
 
-REWARD = "pkg://stapo.tools.reward:compute_score"
+REWARD = "pkg://stapo.checks.gpu_smoke:smoke_reward"
+"""The share of digits in a response: it differs within a group, so every step has nonzero advantages, gradients and
+S2T candidates. With the task's own reward a 135M model scores 0 on every response, every advantage is 0 and no
+gradient moves a weight, and equal runs would show nothing of the update or of a resumed optimizer (the records of
+2026-11-29 and 2026-12-06, made that way, say so: :func:`weights_moved`)."""
+
+
+def weights_moved(metrics: Path) -> bool:
+    """Whether the run of ``metrics`` had a nonzero ``actor/grad_norm`` at some step: otherwise only the weight decay
+    changed its weights, and runs equal to it show nothing of the update."""
+    return any(value != 0 for value in read_metrics(metrics).get("actor/grad_norm", {}).values())
 
 
 def weights_digest(checkpoints: Path, step: int) -> str | None:
@@ -142,12 +153,15 @@ def comparisons(out: Path, legs: dict[str, int], steps: int) -> tuple[dict, str]
 
 def verdicts(out: Path, legs: dict[str, int], steps: int) -> tuple[dict, str]:
     """:func:`comparisons` and the last checkpoint's weights of every run (:func:`weights_digest`), which must be
-    equal too; the verdicts (JSON-ready) and the tables (Markdown)."""
+    equal too, after steps that moved them (:func:`weights_moved`); the verdicts (JSON-ready) and the tables
+    (Markdown)."""
     found, tables = comparisons(out, legs, steps)
     digests = {folder: weights_digest(out / folder / "ckpt", steps) for folder in ("replay", *legs)}
     weights_equal = len(set(digests.values())) == 1 and None not in digests.values()
-    equal = weights_equal and all(c["equal"] for c in found.values())
-    record = {"steps": steps, "comparisons": found, "weights_sha256": digests, "weights_equal": weights_equal}
+    moved = weights_moved(out / "replay" / "metrics.jsonl")
+    equal = moved and weights_equal and all(c["equal"] for c in found.values())
+    record = {"steps": steps, "comparisons": found, "weights_sha256": digests, "weights_equal": weights_equal,
+              "weights_moved": moved}  # fmt: skip
     return record | {"equal": equal}, tables
 
 
@@ -287,6 +301,8 @@ def run(args: argparse.Namespace) -> int:
     record["deadline_s"] = next((leg.deadline_s for leg in stopped if leg.stop == "deadline"), None)
     record["equal"] = record["equal"] and None not in record["stopped_at"].values()
     verdict = "identical to the bit" if record["equal"] else "differ"
+    if not record["weights_moved"]:
+        verdict = "not shown: the replay run's actor/grad_norm was 0 at every step (a reward that never varied)"
     write_atomic(args.out / "replay.json", json.dumps(record, indent=1) + "\n")
     write_atomic(args.out / "replay.md", f"{tables}\nweights: {record['weights_sha256']}\n\nverdict: {verdict}\n")
     print(f"replayed runs: {verdict} (tables: {args.out / 'replay.md'})")

@@ -213,6 +213,20 @@ def markdown_block(root: Path, name: str, path: str) -> str:
     return (root / RECORDS / name / path).read_text()
 
 
+def update_line(metrics: Path, run: str) -> str:
+    """Whether the updates of ``run`` (its ``metrics``) moved its weights: equal runs show the update and a resumed
+    optimizer only when its ``actor/grad_norm`` was nonzero (:func:`stapo.checks.replay.weights_moved`)."""
+    norms = read_metrics(metrics).get("actor/grad_norm", {})
+    moved = sum(value != 0 for value in norms.values())
+    if moved:
+        return f"The `{run}` run's `actor/grad_norm` was nonzero at {moved} of its {len(norms)} steps."
+    return (
+        f"**The `{run}` run's `actor/grad_norm` was 0 at all {len(norms)} steps**: every reward of a group was the "
+        "same, every advantage 0, and only the weight decay changed the weights. The runs' equality shows the forward "
+        "passes, the data order and where a resumed run goes on; it does not show the update or a resumed optimizer."
+    )
+
+
 def replay_block(root: Path, name: str, path: str = "replay/replay.json") -> str:
     """The replay check's verdicts (``stapo.checks.replay``'s ``replay.json``): per run compared with the replay run,
     the metrics and steps compared, the steps not compared (a run halted at step K may lack step K's line: verl
@@ -234,7 +248,8 @@ def replay_block(root: Path, name: str, path: str = "replay/replay.json") -> str
         else "; ".join(f"{run} `{str(d)[:16]}`" for run, d in record["weights_sha256"].items())
     )
     overall = "identical to the bit" if record["equal"] else "differ"
-    return "\n".join(lines) + f"\n\nWeights after step {record['steps']}: {weights}. Verdict: **{overall}**.\n"
+    update = update_line((root / RECORDS / name / path).parent / "replay" / "metrics.jsonl.gz", "replay")
+    return "\n".join(lines) + f"\n\nWeights after step {record['steps']}: {weights}. Verdict: **{overall}**. {update}\n"
 
 
 def runs_block(root: Path, name: str, reference: str, *runs: str) -> str:
@@ -246,8 +261,8 @@ def runs_block(root: Path, name: str, reference: str, *runs: str) -> str:
 
     folder = root / RECORDS / name
     base = read_metrics(folder / reference / "metrics.jsonl.gz")
-    head = [f"run against `{reference}`", "exit", "steps logged", "saved, stopped", "metrics compared", "differing",
-            "verdict"]  # fmt: skip
+    head = [f"run against `{reference}`", "watcher (0: exit as expected)", "steps logged", "saved, stopped",
+            "metrics compared", "differing", "verdict"]  # fmt: skip
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for run in runs:
         other = read_metrics(folder / run / "metrics.jsonl.gz")
@@ -256,12 +271,13 @@ def runs_block(root: Path, name: str, reference: str, *runs: str) -> str:
         steps = sorted({step for values in found.values() for step, _, _ in values["rows"]})
         log = (folder / run / "train.log.tail").read_text()
         saved = regex.search(r"^STAPO: saved step (\d+) in \S+ \(([^;)]*)", log, regex.M)
-        stop = f"step {saved[1]} ({saved[2].split(' at ')[0]})" if saved else "no"
+        reason = saved and ("the deadline" if saved[2].startswith("the deadline") else saved[2].split(" at ")[0])
+        stop = f"step {saved[1]} ({reason})" if saved else "no"
         verdict = "equal to the bit at the steps compared" if not differ else "DIFFERENT"
         cells = [run, (folder / run / "exit_code").read_text().strip(), ", ".join(map(str, steps)), stop, len(found),
                  ", ".join(differ) or "none", verdict]  # fmt: skip
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + f"\n\n{update_line(folder / reference / 'metrics.jsonl.gz', reference)}\n"
 
 
 def startup_block(root: Path, name: str, *runs: str) -> str:

@@ -233,10 +233,13 @@ def set_aside(path: Path, segment: bool = True) -> Path | None:
 
 
 def segments(path: Path) -> list[Path]:
-    """``path`` after the earlier segments :func:`set_aside` made of it, oldest first."""
+    """``path`` after the earlier segments :func:`set_aside` made of it, oldest first; of ``NAME.jsonl.gz``, as
+    evidence/ keeps a log, ``NAME.1.jsonl.gz`` and so on."""
     path = Path(path)
+    gz = ".gz" if path.suffix == ".gz" else ""
+    inner = Path(path.name.removesuffix(gz))
     earlier, k = [], 1
-    while (part := path.with_name(f"{path.stem}.{k}{path.suffix}")).is_file():
+    while (part := path.with_name(f"{inner.stem}.{k}{inner.suffix}{gz}")).is_file():
         earlier.append(part)
         k += 1
     return earlier + ([path] if path.is_file() else [])
