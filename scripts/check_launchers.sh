@@ -11,7 +11,8 @@
 # (e) a run longer than its job, under (b)'s Slurm, with the stand-in trainer (tests/standins.py, which saves and stops
 #     with the recipe's own stapo.train.deadline): a job whose --time ends mid-run saves before the limit, requeues
 #     itself and finishes; the same on `scancel --signal=USR1 --batch`; a job whose training is killed (SIGKILL) and
-#     that is requeued resumes from the last periodic checkpoint; with STAPO_MAX_REQUEUES=0 it saves, is not requeued.
+#     that is requeued resumes from the last periodic checkpoint; so does one whose run lost a Ray node (status 4),
+#     requeued by the job itself; with STAPO_MAX_REQUEUES=0 it saves, is not requeued.
 # Tiny local data and model files stand in for the real ones, so that only the GPU check fails. Prints PASS/FAIL per
 # check, exits 1 on any failure; stops the Ray heads and the Slurm daemons it started and removes its files.
 usage() {
@@ -443,6 +444,17 @@ print(*sorted(read_metrics(sys.argv[1])["actor/entropy"]))' "$1/metrics.jsonl" 2
   [ "$state" = FAILED ] && [ "$state2" = COMPLETED ] && [ "$(grep -c '^step:4 ' "$log")" = 2 ] &&
     [ "$(grep -c '^step:3 ' "$log")" = 1 ] && e_verdict 3 "$job" 8
   result $? "(e3) the training killed after step 5 ($state), requeued: resumed from the checkpoint of step 3, finished: $state2"
+  rm -rf "/tmp/ray_$job"; job=
+
+  # (e5) a lost Ray node: the driver's line and status 4 (stapo.train.nodes; the stand-in ends so after step 5, tests/
+  # test_nodes.py kills a real node) with a checkpoint every 3 steps; the job requeues itself and resumes after step 3
+  job=$(STANDIN_LOSE_NODE_AT=5 e_submit 5 3 8 3 --time=30)
+  state=$(e_wait "$job" 600)
+  log=$tmp/e-5/slurm.log
+  [ "$state" = COMPLETED ] && [ "$(e_restarts "$job")" = 1 ] && grep -q '^STAPO: Ray node .* was lost at ' "$log" &&
+    grep -q "^stapo: requeued job $job (1 of 20): it resumes from the last checkpoint" "$log" &&
+    [ "$(grep -c '^step:4 ' "$log")" = 2 ] && [ "$(grep -c '^step:3 ' "$log")" = 1 ] && e_verdict 5 "$job" 8
+  result $? "(e5) a Ray node lost after step 5: status 4, requeued, resumed from the checkpoint of step 3, finished: $state"
   rm -rf "/tmp/ray_$job"; job=
 
   # (e4) the bound: STAPO_MAX_REQUEUES=0 saves on SIGUSR1 and ends with status 3, saying how to go on

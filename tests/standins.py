@@ -18,7 +18,9 @@ steps of a chain, a missing folder or a lost log fails the test that runs the ch
   recipe's trainer it resumes after the checkpoint that ``latest_checkpointed_iteration.txt`` names, setting the
   earlier metrics aside (``trainer.resume_mode=auto``, verl's default), and saves and exits with status 3 before
   ``stapo.deadline`` or on SIGUSR1/SIGTERM (:mod:`stapo.train.deadline`, with the recipe trainer's order: the save
-  after the step, its metrics, then the stop); ``STANDIN_STEP_S`` paces its steps.
+  after the step, its metrics, then the stop); ``STANDIN_STEP_S`` paces its steps, and ``STANDIN_LOSE_NODE_AT=K``
+  ends a first segment after step K as the driver ends on a lost Ray node (:mod:`stapo.train.nodes`: its line, status
+  4), a stand-in for the node that the trainer does not have.
 * ``checkpoint`` writes the model folder's weights as verl's FSDP checkpoint (``global_step_N/actor`` of
   ``RUN_DIR``, ``data.pt`` and ``latest_checkpointed_iteration.txt``): the model is sharded with verl's own
   ``apply_fsdp2`` over ``N`` CPU processes (gloo), as the engine shards it over N GPUs, and saved by verl's
@@ -128,7 +130,7 @@ def train(argv: list[str]) -> None:
 
     from stapo.config import CONFIG_DIR
     from stapo.tools.io import set_aside
-    from stapo.train import deadline
+    from stapo.train import deadline, nodes
     from stapo.train.main import ConfigError, finish_stop, prepare_stop, validate
     from stapo.train.trainer import file_logger_path
 
@@ -181,6 +183,9 @@ def train(argv: list[str]) -> None:
             metrics |= validation
         logger.log(metrics | {"timing_s/step": time.time() - began}, step=step)
         print(f"step:{step} - critic/score/mean:0.3", flush=True)
+        if step == int(os.environ.get("STANDIN_LOSE_NODE_AT", 0)) and first == 1:  # as the driver's node watcher
+            print(nodes.lost_line("Ray node standin (127.0.0.1, Ray node 0123456789ab) was lost"), flush=True)
+            os._exit(nodes.NODE_LOST_EXIT)
     logger.finish()
     finish_stop(config, folder)
 

@@ -23,7 +23,7 @@ import hydra
 from omegaconf import DictConfig, open_dict
 
 from stapo.config import CONFIG_DIR, StapoConfig, StapoConfigError, methods, sizes
-from stapo.train import deadline, preflight, startup_cuts
+from stapo.train import deadline, nodes, preflight, startup_cuts
 
 
 class ConfigError(RuntimeError):
@@ -148,20 +148,22 @@ def finish_stop(config: DictConfig, folder: Path) -> None:
 
 
 class ArmedRunner:
-    """verl's task runner class as ``run_ppo`` takes it, the driver's signals armed again when ``run_ppo`` creates the
-    runner: Ray 2.60's ``ray.init`` (and the local node it starts) install SIGTERM handlers of their own in the driver,
-    which would end it at once instead of asking for a save (:mod:`stapo.train.deadline`). Ray's own shutdown still
-    runs when the driver exits."""
+    """verl's task runner class as ``run_ppo`` takes it, the driver's signals armed again and its node watcher started
+    (:mod:`stapo.train.nodes`) when ``run_ppo`` creates the runner, Ray being up: Ray 2.60's ``ray.init`` (and the
+    local node it starts) install SIGTERM handlers of their own in the driver, which would end it at once instead of
+    asking for a save (:mod:`stapo.train.deadline`). Ray's own shutdown still runs when the driver exits."""
 
     def __init__(self, cls):
         self.cls = cls
 
     def remote(self, *args, **kwargs):
         deadline.arm()
+        nodes.watch()
         return self.cls.remote(*args, **kwargs)
 
     def options(self, **kwargs):
         deadline.arm()
+        nodes.watch()
         return self.cls.options(**kwargs)
 
 
@@ -176,10 +178,25 @@ def run(config: DictConfig) -> None:
     for line in startup_cuts.apply(config):
         print(f"STAPO: {line}")
     startup_cuts.forward(config)
-    from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
+    from verl.trainer.main_ppo import TaskRunnerV1
 
-    run_ppo(config, task_runner_class=ArmedRunner(TaskRunnerV1))
+    run_verl(config, TaskRunnerV1)
     finish_stop(config, folder)
+
+
+def run_verl(config: DictConfig, runner) -> None:
+    """verl's ``run_ppo`` with the task runner class ``runner`` (:class:`ArmedRunner`), the node watcher stopped when
+    it returns; an error with a lost node behind it (the runner was on that node) ends the run with the node's line
+    and status (:func:`stapo.train.nodes.check`), not a traceback."""
+    from verl.trainer.main_ppo import run_ppo
+
+    try:
+        run_ppo(config, task_runner_class=ArmedRunner(runner))
+    except Exception as error:
+        nodes.check(error)
+        raise
+    finally:
+        nodes.unwatch()
 
 
 def method_settings() -> str:
