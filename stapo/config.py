@@ -123,7 +123,7 @@ class StapoConfig:
         default="low_entropy",
         metadata={
             "help": "which candidates S2T silences: low_entropy (STAPO); high_entropy or random: as many of them, the "
-            "highest-entropy ones or a random draw (the paper's masking-strategy ablation, v4 section 7.1)"
+            "highest-entropy ones or a random draw (the paper's masking-strategy ablation)"
         },
     )
     policy_source: Literal["old", "current"] = field(

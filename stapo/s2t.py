@@ -70,10 +70,10 @@ def distinct_silenced(k: int, q: float) -> int:
 
 def ablation_choice(pool: torch.Tensor, count: int, silence: str, seed: int = 0) -> torch.Tensor:
     """Positions in ``pool`` (the candidates' entropies, in token order) of the ``count`` candidates that a
-    masking-strategy ablation silences instead of STAPO's low-entropy ones (STAPO v4 §7.1, "high-entropy masking"
-    and "random masking" of the positive-advantage, low-probability tokens): ``high_entropy`` the ``count`` highest
-    entropies (ties by position), ``random`` ``count`` drawn without replacement by ``torch.randperm`` seeded with
-    ``seed``. Candidates with a NaN entropy are never chosen, as in STAPO."""
+    masking-strategy ablation silences instead of STAPO's low-entropy ones (STAPO v4, "Ablation and Sensitivity
+    Analysis": "high-entropy masking" and "random masking" of the positive-advantage, low-probability tokens):
+    ``high_entropy`` the ``count`` highest entropies (ties by position), ``random`` ``count`` drawn without replacement
+    by ``torch.randperm`` seeded with ``seed``. Candidates with a NaN entropy are never chosen, as in STAPO."""
     finite = (~torch.isnan(pool)).nonzero().reshape(-1)
     count = min(count, finite.numel())
     if silence == "high_entropy":
@@ -119,7 +119,7 @@ def s2t_mask(
     seed: int = 0,
 ) -> tuple[torch.Tensor, dict]:
     """The S2T mask of one mini-batch (STAPO eq. I^S2T, Algorithm 1), or one of the paper's masking-strategy
-    ablations (v4 §7.1).
+    ablations (v4, "Ablation and Sensitivity Analysis").
 
     Args:
         log_probs: log π of the sampled tokens.

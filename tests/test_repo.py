@@ -63,3 +63,42 @@ def test_check_launchers_explains_itself_and_asks_before_changing_the_system(tmp
         out = subprocess.run(["bash", script], capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
         assert out.returncode == 1 and "apt-get install slurm-wlm munge" in out.stdout
         assert "run with --yes" in out.stdout and "PASS" not in out.stdout and "two slurmd" in out.stdout
+
+
+def help_texts() -> dict[str, str]:
+    """What ``--help`` prints for every command line of the package (each ``python -m`` module and its subcommands)."""
+    import re
+    import subprocess
+    import sys
+    from concurrent.futures import ThreadPoolExecutor
+
+    root = Path(__file__).resolve().parents[1]
+    modules = ["stapo.train"] + sorted(
+        ".".join(path.relative_to(root).with_suffix("").parts)
+        for path in (root / "stapo").rglob("*.py")
+        if 'if __name__ == "__main__"' in path.read_text()
+    )
+
+    def shown(argv: list[str]) -> str:
+        done = subprocess.run([sys.executable, "-m", *argv, "--help"], capture_output=True, text=True, cwd=root)
+        return done.stdout + done.stderr
+
+    with ThreadPoolExecutor(4) as pool:
+        texts = dict(zip(modules, pool.map(lambda m: shown([m]), modules), strict=True))
+        subcommands = [
+            [module, sub] for module, text in texts.items() for group in re.findall(r"^\s*\{([\w,-]+)\}", text, re.M)
+            for sub in group.split(",")
+        ]  # fmt: skip
+        texts |= dict(zip(map(" ".join, subcommands), pool.map(shown, subcommands), strict=True))
+    return texts
+
+
+def test_no_help_text_cites_an_issue_number():
+    """The project's issue numbers mean nothing to a user: ``--help`` of every command says what it does instead
+    (docs and tests may cite them)."""
+    import re
+
+    texts = help_texts()
+    assert len(texts) > 30 and all(text.strip() and "Traceback" not in text for text in texts.values()), texts
+    cited = {command: re.findall(r".{0,40}\bissues? #?\d+.{0,20}", text) for command, text in texts.items()}
+    assert {command: found for command, found in cited.items() if found} == {}

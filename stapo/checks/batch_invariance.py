@@ -1,4 +1,4 @@
-"""Does vLLM give a request the same tokens and log-probabilities whatever else is in its batch? (issue 54)
+"""Does vLLM give a request the same tokens and log-probabilities whatever else is in its batch?
 
     python -m stapo.checks.batch_invariance run --model DIR --setting fa2 --out fa2.json [--requests 48]
         [--max-tokens 64] [--greedy] [--eager | --graphs]

@@ -1,4 +1,4 @@
-"""Do two training runs compute the same numbers? A step-by-step comparison of their metrics (issue 40).
+"""Do two training runs compute the same numbers? A step-by-step comparison of their metrics.
 
     python -m stapo.checks.reproduce compare RUN_A RUN_B [--steps 4-6] [--all] [--out TABLE.md]
 

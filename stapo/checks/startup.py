@@ -1,4 +1,4 @@
-"""Where a launch spends its time before the first step, process by process (issue 55).
+"""Where a launch spends its time before the first step, process by process.
 
     python -m stapo.checks.startup run --out DIR [--timeout S] [--until begins|ends] -- COMMAND ...
     python -m stapo.checks.startup phases LOG [--out JSON]

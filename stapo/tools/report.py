@@ -7,7 +7,8 @@
 ``table`` reads the ``summary.json`` files of ``python -m stapo.tools.evaluate`` (each labelled with its method and
 size) and writes the paper's main table as ``table.md``, ``table.tex`` and ``table.csv``: avg@n on the six benchmarks,
 their mean (Avg) and the relative gain of ``--method`` over the strongest other method at the same size and preset.
-``--paper`` adds the published v1 table (stapo/tools/paper_table.json), alone or side by side with the runs.
+``--paper`` adds the published table of the paper's v1-v3 (stapo/tools/paper_table.json), alone or side by side with the
+runs; the recipe follows v4, whose per-benchmark table is not public in a form this project has.
 
 ``plot`` draws actor entropy, mean reward, response length, validation accuracy, ``stapo/masked_frac`` and the
 ``s2t/*`` share of flagged tokens and of their gradient-norm bound against the step, one line per run, from verl's file
@@ -57,7 +58,7 @@ class Entry:
 
 # ---------------------------------------------------------------------------------------------------------- tables
 def paper_table() -> dict:
-    """The published v1 table with its headline numbers and notes (stapo/tools/paper_table.json)."""
+    """The published v1-v3 table with its headline numbers and notes (stapo/tools/paper_table.json)."""
     return json.loads(resources.files("stapo.tools").joinpath("paper_table.json").read_text(encoding="utf-8"))
 
 
@@ -193,9 +194,11 @@ def build_table(entries: Sequence[Entry], method: str = "stapo") -> Table:
         table = paper_table()
         published = table["headline"]
         notes += [
-            f"paper, published: v1 {published['v1']['train']['mean']}% / {published['v1']['justrl']['mean']}%, "
-            f"v4/v5 {published['v4_v5']['train']['mean']}% / {published['v4_v5']['justrl']['mean']}% "
-            "(train / justrl)",
+            "paper, published: "
+            + ", ".join(
+                f"{v.replace('_', '-')} {g['train']['mean']}% / {g['justrl']['mean']}%" for v, g in published.items()
+            )
+            + " (train / justrl)",
             *table["notes"],
         ]
     return Table(header, rows, row_sizes, notes)
@@ -279,7 +282,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     commands = parser.add_subparsers(dest="command", required=True)
     table = commands.add_parser("table", help="paper-style table from eval summaries and/or the published one")
     table.add_argument("summaries", nargs="*", type=Path, help="summary.json files or folders holding them")
-    table.add_argument("--paper", action="store_true", help="include the published v1 table")
+    table.add_argument(
+        "--paper", action="store_true", help="add the paper's published table (v1-v3; v4's is not public)"
+    )
     table.add_argument("--method", choices=methods(), default="stapo", help="method whose relative gain is shown")
     plot = commands.add_parser("plot", help="training curves from verl logs")
     plot.add_argument("runs", nargs="+", metavar="[LABEL=]LOG", help="file-logger JSONL, console log or TB folder")
