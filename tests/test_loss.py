@@ -99,8 +99,9 @@ def run_engine_minibatch(loss_fn, data, cur, ent, rows, micro_splits, group=None
     return total, {i: leaves[i].grad for i in rows}, metrics
 
 
-def hand_loss(keep_rows, cur, data, cfg):
-    """STAPO objective: Σ_kept clipped surrogate / #kept (paper eq. J_STAPO, dual clip as in verl)."""
+def hand_loss(keep_rows, cur, data, cfg, weights=None):
+    """STAPO objective: Σ_kept clipped surrogate / #kept (paper eq. J_STAPO, dual clip as in verl); with ``weights``
+    (verl's rollout correction, token-level IS) each kept token's term is multiplied by its weight."""
     old = [r for r in data["old_log_probs"].unbind()]
     num, kept = 0.0, 0
     for i, keep in enumerate(keep_rows):
@@ -111,7 +112,7 @@ def hand_loss(keep_rows, cur, data, cfg):
             loss = max(-r * a, -min(max(r, 1 - cfg.clip_ratio_low), 1 + cfg.clip_ratio_high) * a)
             if a < 0:
                 loss = min(loss, -cfg.clip_ratio_c * a)
-            num, kept = num + loss, kept + 1
+            num, kept = num + loss * (1.0 if weights is None else float(weights[i][t])), kept + 1
     return num / kept
 
 
@@ -140,6 +141,41 @@ def test_token_mean_over_kept_tokens_for_any_micro_split(splits, loss):
             if not k:
                 assert grads[i][t] == 0.0  # a silenced token contributes nothing to the update
     assert any(g.abs().sum() > 0 for g in grads.values())
+
+
+def test_rollout_correction_weights_multiply_the_kept_tokens_and_the_silenced_stay_out():
+    """verl's rollout correction (``algorithm.rollout_correction.rollout_is=token``: truncated importance weights
+    ``rollout_is_weights``) with the folded S2T mask: a silenced token stays out of the sum and of the denominator
+    whatever its weight, a kept one enters weighted, for any micro-batch split."""
+    cfg = actor_config()
+    mask = folded_mask()
+    data, cur, ent = make_batch(mask)
+    gen = torch.Generator().manual_seed(7)
+    weights = [torch.rand(n, generator=gen) * 2 for n in RESP_LENS]  # truncated at 2, as rollout_is_threshold
+    for i, t in [(0, 1), (2, 5)]:
+        weights[i][t] = 1e6  # a silenced token's weight, however large, must not count
+    data["rollout_is_weights"] = nested(weights)
+    fn = functools.partial(OLD, config=cfg)
+    for splits in ([[0, 1, 2, 3, 4, 5]], [[0], [1, 2], [3, 4, 5]]):
+        total, grads, _ = run_engine_minibatch(fn, data, cur, ent, list(range(6)), splits)
+        assert total.item() == pytest.approx(hand_loss(mask, cur, data, cfg, weights), rel=1e-5)
+        assert total.item() != pytest.approx(hand_loss(mask, cur, data, cfg), rel=1e-3)  # the weights acted
+        assert all(grads[i][t] == 0.0 for i, row in enumerate(mask) for t, k in enumerate(row) if not k)
+
+
+def test_the_recipe_accepts_verls_rollout_correction_keys():
+    """The preflight takes verl's own rollout-correction settings (token-level truncated IS, rejection sampling) with
+    the S2T mask; only bypass_mode, which drops the old policy's entropies, is refused (tests/test_preflight.py)."""
+    from hydra import compose, initialize_config_dir
+
+    from stapo.train.main import validate
+
+    settings = ("rollout_is=token", "rollout_is_threshold=2.0", "rollout_rs=token_k1", "rollout_rs_threshold=2.0")
+    keys = [f"algorithm.rollout_correction.{setting}" for setting in settings]
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        config = compose(config_name="stapo", overrides=keys)
+    assert validate(config, environment=False).mask == "s2t"
+    assert config.algorithm.rollout_correction.rollout_is == "token"
 
 
 def test_audit_records_zero_gradient_at_silenced_tokens(tmp_path, monkeypatch):
