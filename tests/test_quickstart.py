@@ -384,13 +384,19 @@ def test_ctrl_c_ends_the_quickstart_with_one_line_and_nothing_half_written(tmp_p
 
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     options = [*TINY[:-1], "100000", "--eval-problems", "2", "--samples", "2"]  # a warm-up that Ctrl-C ends
+    # a terminal's Ctrl-C reaches a foreground process; a test run in the background (`cmd &` in a script) passes on
+    # SIGINT ignored, and Python then never raises KeyboardInterrupt: the child takes SIGINT as a terminal's would
     run = subprocess.Popen([sys.executable, "-m", "stapo.quickstart", "cpu", "--out", str(tmp_path / "out"), *options],
-                           env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
-    for line in run.stdout:
-        if line.startswith("task: "):  # the warm-up begins
-            break
-    run.send_signal(signal.SIGINT)
-    _, err = run.communicate(timeout=120)
+                           env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
+    try:
+        for line in run.stdout:
+            if line.startswith("task: "):  # the warm-up begins
+                break
+        run.send_signal(signal.SIGINT)
+        _, err = run.communicate(timeout=120)
+    finally:
+        run.kill()  # no quickstart left running when the test fails
     assert run.returncode == 1 and "Traceback" not in err, err
     assert (
         err.strip().splitlines()[-1]
