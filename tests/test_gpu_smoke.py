@@ -169,3 +169,52 @@ def test_each_trainer_mode_runs_the_recipes_checks(tmp_path, monkeypatch, mode):
     gpus = preflight._gpu_problems(config)
     assert gpus == ([] if mode != "stapo_separate_async" else [gpus[0]])
     assert mode != "stapo_separate_async" or "needs 2 GPUs; this machine has 1 visible" in gpus[0]
+
+
+def test_rollout_correction_must_reach_every_loss_call(tmp_path):
+    """Check 10: with ``algorithm.rollout_correction.rollout_is`` among the overrides, verl's IS metric is logged every
+    step and every loss call got the weights (the audit's ``rollout_is_weights``); without it nothing is asked."""
+    from stapo.checks.gpu_smoke import ROLLOUT_IS, rollout_is
+
+    assert rollout_is(["algorithm.rollout_correction.rollout_is=token", "a.b=1"])
+    assert not rollout_is(["algorithm.rollout_correction.rollout_is=null"]) and not rollout_is([])
+    out = write_run(tmp_path / "run", GOOD)
+    assert check("stapo", out, gpus=1)[0] == []
+    problems, _ = check("stapo", out, gpus=1, weighted=True)
+    assert problems == [f"step 1: no {ROLLOUT_IS} (rollout correction)", "8 of 8 loss calls got no rollout_is_weights "
+                        "(rollout correction)"]  # fmt: skip
+    step = json.loads((out / "metrics.jsonl").read_text())
+    step["data"][ROLLOUT_IS] = 0.98
+    (out / "metrics.jsonl").write_text(json.dumps(step) + "\n")
+    loss = out / "audit" / "loss-1.jsonl"
+    records = [json.loads(line) | {"rollout_is_weights": True} for line in loss.read_text().splitlines()]
+    loss.write_text("".join(json.dumps(r) + "\n" for r in records))
+    problems, summary = check("stapo", out, gpus=1, weighted=True)
+    assert problems == [] and summary["rollout_is_mean"] == [0.98]
+
+
+def test_overrides_after_the_dashes_reach_every_run_and_are_checked_first(tmp_path, capsys):
+    """``-- KEY=VALUE ...`` go last into every run's overrides (verl's rollout correction composes with the recipe);
+    a key the config lacks, or a setting the recipe refuses, stops the smoke before it looks for a GPU."""
+    from hydra import compose, initialize_config_dir
+
+    from stapo.checks.gpu_smoke import main, overrides
+    from stapo.config import CONFIG_DIR
+
+    extra = ["algorithm.rollout_correction.rollout_is=token"]
+    args = overrides("stapo", tmp_path / "m", tmp_path / "t.parquet", 1, 2, tmp_path, extra=extra)
+    assert args[-1] == extra[0]
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        assert compose(config_name="stapo", overrides=args).algorithm.rollout_correction.rollout_is == "token"
+    for bad, message in [
+        (
+            "algorithm.rollout_correction.rollout_isx=token",
+            "Could not override 'algorithm.rollout_correction.rollout_is",
+        ),
+        ("algorithm.rollout_correction.bypass_mode=True", "bypass_mode=True: verl then takes"),
+        ("rollout_is", "overrides rollout_is: write each as KEY=VALUE"),
+    ]:
+        with pytest.raises(SystemExit) as done:
+            main(["--out", str(tmp_path / "new"), "--methods", "stapo", "--", bad])
+        assert done.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "new").exists()

@@ -194,6 +194,13 @@ def test_audit_records_zero_gradient_at_silenced_tokens(tmp_path, monkeypatch):
     # kept tokens with a non-zero advantage get gradient unless PPO clipping stops it
     movable = sum(1 for i, row in enumerate(mask) for k in row if k and ADV[i] != 0)
     assert 0 < sum(r["nonzero_grad_kept"] for r in records) <= movable
+    assert not any(r["rollout_is_weights"] for r in records)  # what the GPU smoke's check 10 reads
+    data["rollout_is_weights"] = nested([torch.ones(n) for n in RESP_LENS])
+    log.unlink()
+    run_engine_minibatch(
+        functools.partial(OLD, config=actor_config()), data, cur, ent, list(range(6)), [[0, 1, 2, 3, 4, 5]]
+    )
+    assert [json.loads(line)["rollout_is_weights"] for line in log.read_text().splitlines()] == [True]
 
 
 def test_all_masked_minibatch_gives_finite_zero_loss():

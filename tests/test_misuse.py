@@ -126,7 +126,7 @@ ENTRIES = {
         ),
         work=("stapo.checks.gpu_smoke:build_assets",),
         gpus=2,
-        kinds={"--tokenizer": "folder", "--methods": "text"},
+        kinds={"--tokenizer": "folder", "--methods": "text", "overrides": "text"},
     ),  # fmt: skip
     "stapo.checks.benchmark mask": Entry(
         ("mask", "--responses", "8", "--length", "16", "--repeats", "1"), work=("stapo.checks.benchmark:bench_mask",)

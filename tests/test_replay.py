@@ -31,13 +31,14 @@ def args(tmp_path, task, *extra):
 
 def test_record_replay_halt_and_resume_compare_to_the_bit(tmp_path, task, monkeypatch, foreign_ray_ignored):
     """The halted run, and runs stopped by SIGUSR1 and by a deadline (stapo.train.deadline, in the stand-in as in the
-    recipe's trainer), each resumed: all equal to the replay run; the stopped ones lose no step's metrics."""
+    recipe's trainer), each resumed: all equal to the replay run; the stopped ones lose no step's metrics. The record
+    run's twin is compared and reported (the stand-in computes alike: no step where they part)."""
     monkeypatch.setattr(clusters, "HANDOVER_S", 1.0)
     monkeypatch.setattr(replay, "TRAINER", [sys.executable, str(standins.HERE), "train"])
     monkeypatch.setenv("STANDIN_STEP_S", "1")  # the halt and the signal must see a step before the run ends
     # the deadline run's deadline: 30 s from its launch, closer than a step and a guessed save after its first step
     with pytest.raises(SystemExit) as done:
-        replay.main(args(tmp_path, task, "--steps", "4", "--halt", "2", "--signal", "1", "--deadline", "30"))
+        replay.main(args(tmp_path, task, "--steps", "4", "--halt", "2", "--signal", "1", "--deadline", "30", "--twin"))
     out = tmp_path / "out"
     assert done.value.code == 0, "\n".join(log.read_text()[-1500:] for log in (out / "runs").glob("*/train.log"))
     assert "halted at the checkpoint of step 2" in (out / "runs" / "halt2" / "train.log").read_text()
@@ -58,6 +59,10 @@ def test_record_replay_halt_and_resume_compare_to_the_bit(tmp_path, task, monkey
     assert list(times) == ["1"]
     assert (out / "halt2" / "metrics.1.jsonl").is_file()  # the steps before the halt, set aside on resume
     assert (out / "replay.md").read_text().endswith("verdict: identical to the bit\n")
+    twin = record["twin"]
+    assert twin["weights_equal"] and twin["first_step"] is None and twin["differ"] == [] and twin["metrics"] > 3
+    assert "twin" not in record["weights_sha256"] and "## record against twin" in (out / "replay.md").read_text()
+    assert (out / "runs" / "twin" / "train.log").is_file() and (out / "twin" / "metrics.jsonl").is_file()
     foreign_ray_ignored()
 
 
@@ -80,8 +85,9 @@ def test_a_replay_whose_gradients_were_all_zero_shows_nothing(tmp_path, monkeypa
 
 
 def test_every_run_has_the_tape_and_determinism(tmp_path, task):
-    """The record run writes the tape, every other run replays it, all under determinism=full, and each run's
-    config passes the trainer's checks; a halted run and its resumption save at the halt step."""
+    """The record run writes the tape, its twin one of its own, every other run replays the first, all under
+    determinism=full, and each run's config passes the trainer's checks; a halted run and its resumption save at the
+    halt step."""
     parsed = replay.argparse.Namespace(
         model=task[0], data=task[1], out=tmp_path, steps=6, halt=[2, 3], tau_p=0.02, overrides=[]
     )
@@ -89,13 +95,15 @@ def test_every_run_has_the_tape_and_determinism(tmp_path, task):
         replay.Leg("record", "record", "stapo.record_rollouts"),
         replay.Leg("halt3", "halt3", "stapo.replay_rollouts", 3, "kill"),
         replay.Leg("deadline", "deadline", "stapo.replay_rollouts", 0, "deadline", deadline_s=95.24),
+        replay.TWIN,
     ]
-    for leg, tape in zip(legs, ("record_rollouts", "replay_rollouts", "replay_rollouts"), strict=True):
+    tapes = [("record_rollouts", "tape"), *[("replay_rollouts", "tape")] * 2, ("record_rollouts", "tape-twin")]
+    for leg, (tape, folder) in zip(legs, tapes, strict=True):
         argv = replay.overrides(leg, parsed)
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
             config = compose(argv[0].split("=")[1], argv[1:])
         stapo = validate(config, environment=False)
-        assert config.stapo[tape] == str(tmp_path / "tape") and config.actor_rollout_ref.rollout.full_determinism
+        assert config.stapo[tape] == str(tmp_path / folder) and config.actor_rollout_ref.rollout.full_determinism
         assert config.trainer.save_freq == (3 if leg.halt else 6)
         assert config.trainer.default_local_dir == str(tmp_path / leg.folder / "ckpt")
         assert (stapo.deadline, stapo.deadline_margin) == ((95.2, 0) if leg.stop == "deadline" else ("", 60))
@@ -205,7 +213,8 @@ def test_the_deadline_script_runs_the_signal_and_deadline_legs(tmp_path):
     (out / "task").mkdir()
     (out / "task" / "train.parquet").write_bytes(b"")
     args = replay.build_parser().parse_args(shlex.split(lines[2])[2:-1])
-    assert (args.halt, args.signal, args.deadline, args.steps) == ([], [2], 60, 6) and args.out == out / "replay"
+    assert (args.halt, args.signal, args.deadline, args.steps, args.twin) == ([], [2], 60, 6, True)
+    assert args.out == out / "replay"
     assert replay.check(args) is None  # the options, every leg's config, the new output folder
     usage = subprocess.run(["bash", str(script), "--help"], capture_output=True, text=True)
     assert usage.returncode == 0 and "outlives its job" in usage.stdout

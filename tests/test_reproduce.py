@@ -69,3 +69,18 @@ def test_all_compares_every_metric_but_time_and_memory(tmp_path, monkeypatch, ca
     verdict = capsys.readouterr().out.splitlines()[-1]
     assert every.value.code == 1 and verdict == "verdict: differ: actor/lr (max |diff| 1e-06)"
     assert curves.every_key({"a": {}, "timing_s/x": {}}, {"b": {}}) == ("a", "b")  # one run's metric: compared
+
+
+def test_where_two_runs_part(tmp_path, monkeypatch):
+    """:func:`stapo.tools.curves.parting`: the first step at which any metric differs and which metrics do there; a
+    NaN on both sides is equal, a metric one run alone logged differs without a step."""
+    nan = float("nan")
+    log(monkeypatch, tmp_path / "a.jsonl", range(1, 5), entropy=lambda step: nan if step == 1 else 0.5)
+    log(monkeypatch, tmp_path / "b.jsonl", range(1, 5), entropy=lambda step: {1: nan, 3: 0.6}.get(step, 0.5))
+    a, b = curves.read_metrics(tmp_path / "a.jsonl"), curves.read_metrics(tmp_path / "b.jsonl")
+    b["actor/grad_norm"] = {1: 1.0}
+    found = curves.parting(curves.compare(a, b, curves.every_key(a, b)))
+    assert found == {"equal": ["critic/score/mean"], "differ": ["actor/entropy", "actor/grad_norm"],
+                     "first_step": 3, "first_metrics": ["actor/entropy"]}  # fmt: skip
+    same = curves.parting(curves.compare(a, a, curves.every_key(a, a)))
+    assert same["first_step"] is None and same["first_metrics"] == [] and same["differ"] == []

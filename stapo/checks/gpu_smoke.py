@@ -2,7 +2,7 @@
 vLLM rollouts and the FSDP engine, on a tiny random Qwen3 built here (no downloads), with audit mode on.
 
     python -m stapo.checks.gpu_smoke --out /tmp/smoke [--gpus 1] [--steps 4] [--methods justrl,stapo,stapo_current]
-        [--nodes 2] [--shape qwen3_1.7b --tokenizer DIR] [--trainer-mode stapo_colocate_async]
+        [--nodes 2] [--shape qwen3_1.7b --tokenizer DIR] [--trainer-mode stapo_colocate_async] [-- OVERRIDE ...]
 
 With ``--nodes N`` the runs go the multi-node way: a Ray cluster of N nodes on this machine (a head and N − 1 more
 raylets, ``--gpus``/N GPUs each, :func:`stapo.train.clusters.local_cluster`), each run submitted through
@@ -11,7 +11,9 @@ ranks talk over the network transport they would use between machines. With ``--
 Qwen3 of that shape (built on the GPU, the tokenizer given) with the same short batch and responses. With
 ``--trainer-mode`` the runs use one of verl's asynchronous trainers (``stapo.config.TRAINER_MODES``);
 ``stapo_separate_async`` generates on one more GPU of its own (``--gpus`` train) and makes each step two local
-updates of one mini-batch (``parameter_sync_step`` 2).
+updates of one mini-batch (``parameter_sync_step`` 2). Hydra overrides after ``--`` go to every run, e.g. verl's
+rollout correction (``algorithm.rollout_correction.rollout_is=token``), or a fixed KV cache beside other GPU work
+(``+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes=1073741824``).
 
 It exits non-zero if any of these fails, for every STAPO run:
   1. masked tokens exist whenever candidates exist (and candidates exist at least once);
@@ -28,7 +30,9 @@ and no process warned that entropies arrived in another dtype than float32; 8. v
 of the sampled tokens agree (Pearson correlation ≥ :data:`MIN_PROBS_CORRELATION` in every step without policy lag,
 ≥ :data:`LAGGED_PROBS_CORRELATION` in a step with lag, whose rollout came from older weights by design);
 9. the policy lag (verl's ``training/off_policy/trajectory_staleness/max``: how many model versions behind the
-trained one the step's oldest rollout was) is logged every step, 0 in ``stapo_sync``.
+trained one the step's oldest rollout was) is logged every step, 0 in ``stapo_sync``; 10. with
+``algorithm.rollout_correction.rollout_is`` set, verl logged its ``rollout_corr/rollout_is_mean`` every step and every
+loss call of a STAPO run got the importance weights.
 The reward is the fraction of digits in the response: continuous, so every group has positive and negative
 advantages.
 """
@@ -44,11 +48,13 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from contextlib import ExitStack
 from pathlib import Path
 
 from stapo.checks.scale import build_on_gpu
 from stapo.config import QWEN3_SHAPES, TRAINER_MODES, StapoConfig
+from stapo.quickstart.experiment import override_problem
 from stapo.quickstart.tiny import replace_overrides, tiny_run_overrides
 from stapo.s2t import distinct_silenced
 from stapo.tools.io import output_problem
@@ -57,6 +63,7 @@ from stapo.train.clusters import local_cluster, python_first_path
 
 S2T_METRICS = ("s2t/candidate_frac", "s2t/spurious_frac", "s2t/grad_bound/spurious_share")
 POLICY_LAG = "training/off_policy/trajectory_staleness/max"
+ROLLOUT_IS = "rollout_corr/rollout_is_mean"
 BATCH_KEYS = ("data.train_batch_size", "actor_rollout_ref.actor.ppo_mini_batch_size")
 
 MICRO_PER_MINI = 2  # policy_source=old: two micro-batches per mini-batch and rank, to exercise accumulation
@@ -118,10 +125,10 @@ METHODS = ("justrl", "stapo", "stapo_current")
 
 def overrides(
     method: str, model: Path, data: Path, gpus: int, steps: int, out: Path, audit: bool = True,
-    trainer_mode: str = "stapo_sync",
+    trainer_mode: str = "stapo_sync", extra: Sequence[str] = (),
 ) -> list[str]:  # fmt: skip
     """The tiny-model run of ``method`` (justrl, stapo, stapo_current) with this file's reward, on the trainer of
-    ``trainer_mode``."""
+    ``trainer_mode``, and the ``extra`` overrides last."""
     current = method == "stapo_current"
     args = tiny_run_overrides(
         model, data, out, steps=steps, gpus=gpus, reward="pkg://stapo.checks.gpu_smoke:smoke_reward",
@@ -145,12 +152,36 @@ def overrides(
             "actor_rollout_ref.actor.calculate_entropy=True",
             "actor_rollout_ref.actor.entropy_checkpointing=True",
         ]
-    return args
+    return [*args, *extra]
+
+
+def config_problem(methods: Sequence[str], gpus: int, trainer_mode: str, extra: Sequence[str]) -> str | None:
+    """Why a run's config with the ``extra`` overrides would not pass the trainer's checks
+    (:func:`stapo.train.main.validate`, without files or GPUs), or None."""
+    from hydra import compose, initialize_config_dir
+
+    from stapo.config import CONFIG_DIR
+    from stapo.train.main import validate
+
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        for method in methods:
+            args = overrides(method, Path("m"), Path("train.parquet"), gpus, 1, Path("out"), True, trainer_mode, extra)
+            try:
+                validate(compose("stapo" if method.startswith("stapo") else method, args), False, list(extra))
+            except Exception as error:  # Hydra's and the trainer's errors name the key
+                return f"the {method} run's config with the overrides: {error}"
+    return None
+
+
+def rollout_is(extra: Sequence[str]) -> bool:
+    """Whether the ``extra`` overrides turn on verl's importance weights (check 10)."""
+    value = dict(o.split("=", 1) for o in extra).get("algorithm.rollout_correction.rollout_is", "null")
+    return value.strip("'\"").lower() not in ("null", "none", "")
 
 
 def run(
     method: str, model: Path, data: Path, gpus: int, steps: int, root: Path, nodes: int = 1,
-    trainer_mode: str = "stapo_sync",
+    trainer_mode: str = "stapo_sync", extra: Sequence[str] = (),
 ) -> tuple[Path, float]:  # fmt: skip
     """Train ``method`` in ``root/method`` (log, metrics, audit) on the trainer of ``trainer_mode``; on ``nodes`` Ray
     nodes through scripts/ray_job.sh when more than one."""
@@ -158,7 +189,7 @@ def run(
     out.mkdir(parents=True, exist_ok=True)
     config = "stapo" if method.startswith("stapo") else method
     env = {**os.environ, "VERL_FILE_LOGGER_PATH": str(out / "metrics.jsonl"), "STAPO_AUDIT_DIR": str(out / "audit")}
-    args = overrides(method, model, data, gpus, steps, out, trainer_mode=trainer_mode)
+    args = overrides(method, model, data, gpus, steps, out, trainer_mode=trainer_mode, extra=extra)
     start = time.time()
     with open(out / "train.log", "w") as log, ExitStack() as cluster:
         if nodes == 1:
@@ -210,8 +241,9 @@ def read_jsonl(paths) -> list[dict]:
 
 
 def check(
-    method: str, out: Path, gpus: int, min_correlation: float = MIN_PROBS_CORRELATION, trainer_mode: str = "stapo_sync"
-) -> tuple[list[str], dict]:
+    method: str, out: Path, gpus: int, min_correlation: float = MIN_PROBS_CORRELATION, trainer_mode: str = "stapo_sync",
+    weighted: bool = False,
+) -> tuple[list[str], dict]:  # fmt: skip
     """Violations of the properties of the module docstring for one run, and a summary."""
     problems = []
     steps = [r["data"] for r in read_jsonl([out / "metrics.jsonl"])]
@@ -236,6 +268,10 @@ def check(
     problems += [f"step {i + 1}: no {POLICY_LAG} (the policy lag)" for i, g in enumerate(lag) if g is None]
     if trainer_mode == "stapo_sync":
         problems += [f"step {i + 1}: policy lag {g} in the synchronous trainer" for i, g in enumerate(lag) if g]
+    if weighted:
+        summary["rollout_is_mean"] = [s.get(ROLLOUT_IS) for s in steps]
+        missing = [i + 1 for i, s in enumerate(steps) if ROLLOUT_IS not in s]
+        problems += [f"step {i}: no {ROLLOUT_IS} (rollout correction)" for i in missing]
     if method == "justrl":
         if any(k.startswith("stapo/") for s in steps for k in s):
             problems.append("justrl logged stapo/* metrics: the mask ran in a baseline")
@@ -267,6 +303,8 @@ def check(
         problems.append("a silenced token received gradient")
     if not any(r["nonzero_grad_kept"] > 0 for r in records):
         problems.append("no kept token received gradient")
+    if weighted and (unweighted := sum(not r.get("rollout_is_weights") for r in records)):
+        problems.append(f"{unweighted} of {len(records)} loss calls got no rollout_is_weights (rollout correction)")
     # mini-batches: consecutive records of each rank, micro-batches per mini-batch as configured
     per_mini = 1 if method == "stapo_current" else MICRO_PER_MINI
     groups = zip(*[[rs[i : i + per_mini] for i in range(0, len(rs), per_mini)] for rs in by_rank.values()])
@@ -328,6 +366,7 @@ def main(argv: list[str] | None = None) -> None:
         "--trainer-mode", choices=sorted(TRAINER_MODES), default="stapo_sync",
         help="verl's trainer to run on (stapo_separate_async: one more GPU generates)",
     )  # fmt: skip
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides for every run, after --")
     args = parser.parse_args(argv)
     if (args.shape is None) != (args.tokenizer is None):
         parser.exit(2, "error: --shape and --tokenizer go together (python -m stapo.checks.scale model --help)\n")
@@ -347,6 +386,10 @@ def main(argv: list[str] | None = None) -> None:
         parser.exit(2, f"error: --nodes {args.nodes}: must be a positive divisor of --gpus {args.gpus}\n")
     if args.nodes > 1 and args.trainer_mode != "stapo_sync":
         parser.exit(2, f"error: --trainer-mode {args.trainer_mode} runs on one node here: leave out --nodes\n")
+    if problem := override_problem(args.overrides) or (
+        args.overrides and config_problem(methods, args.gpus, args.trainer_mode, args.overrides)
+    ):
+        parser.exit(2, f"error: {problem}\n")
     rollout_gpus = int(TRAINER_MODES[args.trainer_mode] == "separate_async")
     import torch
 
@@ -370,9 +413,12 @@ def main(argv: list[str] | None = None) -> None:
     failed = False
     floor = SHAPE_PROBS_CORRELATION if args.shape else MIN_PROBS_CORRELATION
     for method in methods:
-        out, seconds = run(method, model, data, args.gpus, args.steps, args.out, args.nodes, args.trainer_mode)
-        problems, summary = check(method, out, args.gpus, floor, args.trainer_mode)
+        out, seconds = run(
+            method, model, data, args.gpus, args.steps, args.out, args.nodes, args.trainer_mode, args.overrides
+        )
+        problems, summary = check(method, out, args.gpus, floor, args.trainer_mode, rollout_is(args.overrides))
         head = {"method": method, "trainer_mode": args.trainer_mode, "gpus": args.gpus, "nodes": args.nodes}
+        head |= {"overrides": args.overrides} if args.overrides else {}
         head["seconds"] = round(seconds)
         print(json.dumps({**head, **summary, "problems": problems}), flush=True)
         failed |= bool(problems)

@@ -1,7 +1,7 @@
 """Is the training side exact on its own? Runs that train on one recording of rollouts, compared to the bit.
 
     python -m stapo.checks.replay run --model DIR --data DIR --out DIR [--steps 6] [--halt 2 3] [--signal K]
-                                      [--deadline SECONDS] [-- OVERRIDE ...]
+                                      [--deadline SECONDS] [--twin] [-- OVERRIDE ...]
     python -m stapo.checks.replay halt --at STEP --checkpoints DIR -- COMMAND ...
     python -m stapo.checks.replay watch --metrics FILE --times FILE [--signal-at K] [--stops] -- COMMAND ...
 
@@ -30,6 +30,12 @@ differ by up to 20 s where a step of the 135M model takes 2 s, and two such trie
 ``scripts/gpu/deadline.sh`` sets 60 s, before step 1 ends (~120 s after the launch), so the run must stop there. Which
 step a deadline stops is :func:`stapo.train.deadline.must_stop`'s arithmetic, tested on CPU (tests/test_deadline.py).
 
+Two real runs (``--twin``): a second record run of the same command and seed beside the record run, recording a tape
+of its own; ``OUT/replay.md`` gets the two compared at every metric (as ``python -m stapo.checks.reproduce compare
+--all`` does) and ``OUT/replay.json`` which metrics were equal at every step and the first step and metrics where the
+two parted (:func:`stapo.tools.curves.parting`). Reported, not part of the verdict: vLLM's generation depends on the
+batch around a request (docs/determinism.md).
+
 ``halt`` runs COMMAND in a process group of its own and kills the group once ``DIR/latest_checkpointed_iteration.txt``
 says STEP (or later), as a preempted job is killed; it exits 0 then, and 1 if COMMAND ended first. ``watch`` runs
 COMMAND, writes when each step appeared in the metrics FILE (seconds from the launch) to the times FILE, sends SIGUSR1
@@ -54,7 +60,7 @@ from stapo.checks.reproduce import to_markdown
 from stapo.checks.startup import command_problem
 from stapo.quickstart.experiment import KV_CACHE_BYTES, TRAINER, override_problem, state_digest
 from stapo.quickstart.tiny import replace_overrides, tiny_run_overrides
-from stapo.tools.curves import compare, every_key, read_metrics
+from stapo.tools.curves import compare, every_key, parting, read_metrics
 from stapo.tools.io import hold_folder, new_folder_problem, output_problem, write_atomic
 from stapo.train.clusters import launch
 
@@ -68,8 +74,8 @@ STALL_S = 600.0
 class Leg:
     """One launch: ``name`` (its log folder, ``OUT/runs/NAME``), the run folder it trains in (checkpoints, metrics;
     a stopped run and its resumption share one), the tape key, the step of its one checkpoint before the end (0: only
-    the end), and how it stops early: ``kill`` at that checkpoint, ``signal`` (SIGUSR1 after step ``at``),
-    ``deadline`` (``stapo.deadline`` = ``deadline_s``), or not at all."""
+    the end), how it stops early: ``kill`` at that checkpoint, ``signal`` (SIGUSR1 after step ``at``), ``deadline``
+    (``stapo.deadline`` = ``deadline_s``), or not at all; and the tape's folder under OUT."""
 
     name: str
     folder: str
@@ -78,6 +84,7 @@ class Leg:
     stop: str = ""
     at: int = 0
     deadline_s: float = 0.0
+    tape_dir: str = "tape"
 
 
 def overrides(leg: Leg, args: argparse.Namespace) -> list[str]:
@@ -94,7 +101,7 @@ def overrides(leg: Leg, args: argparse.Namespace) -> list[str]:
         "stapo.tau_p": args.tau_p,
         "data.max_prompt_length": 192,  # SmolLM2's chat template and a word problem: no prompt filtered out
         "data.max_response_length": 128,
-        leg.tape: args.out / "tape",
+        leg.tape: args.out / leg.tape_dir,
         **({"stapo.deadline": f"{leg.deadline_s:.1f}", "stapo.deadline_margin": 0} if leg.stop == "deadline" else {}),
         **dict(override.split("=", 1) for override in args.overrides),
     }
@@ -163,6 +170,23 @@ def verdicts(out: Path, legs: dict[str, int], steps: int) -> tuple[dict, str]:
     record = {"steps": steps, "comparisons": found, "weights_sha256": digests, "weights_equal": weights_equal,
               "weights_moved": moved}  # fmt: skip
     return record | {"equal": equal}, tables
+
+
+TWIN = Leg("twin", "twin", "stapo.record_rollouts", tape_dir="tape-twin")
+"""``--twin``'s run: the record run again, recording a tape of its own."""
+
+
+def twins(out: Path, steps: int) -> tuple[dict, str]:
+    """The record run against its twin at every metric (:func:`stapo.tools.curves.every_key`) and step: where they
+    part (:func:`stapo.tools.curves.parting`) and whether their last weights are equal (JSON-ready), and the table
+    (Markdown)."""
+    a, b = (read_metrics(out / folder / "metrics.jsonl") for folder in ("record", TWIN.folder))
+    result = compare(a, b, keys=every_key(a, b))
+    digests = [weights_digest(out / folder / "ckpt", steps) for folder in ("record", TWIN.folder)]
+    equal = None not in digests and digests[0] == digests[1]
+    found = {"metrics": len(result), **parting(result), "weights_equal": equal}
+    title = "## record against twin (two real runs of one seed: reported, not part of the verdict)"
+    return found, f"{title}\n\n{to_markdown(result, ('record', TWIN.folder))}"
 
 
 def halt(at: int, checkpoints: Path, command: Sequence[str]) -> int:
@@ -286,7 +310,7 @@ def run(args: argparse.Namespace) -> int:
         return not failed
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a kill stops the runs and their clusters too
-    if not run_stage([Leg("record", "record", "stapo.record_rollouts")]):
+    if not run_stage([Leg("record", "record", "stapo.record_rollouts"), *[TWIN] * args.twin]):
         return 2
     stopped = [Leg(f"halt{k}", f"halt{k}", "stapo.replay_rollouts", k, "kill") for k in args.halt]
     stopped += [Leg(f"signal{k}", f"signal{k}", "stapo.replay_rollouts", 0, "signal", at=k) for k in args.signal]
@@ -300,6 +324,9 @@ def run(args: argparse.Namespace) -> int:
     record["stopped_at"] = {leg.folder: saved_step(args.out / leg.folder / "ckpt", args.steps) for leg in stopped}
     record["deadline_s"] = next((leg.deadline_s for leg in stopped if leg.stop == "deadline"), None)
     record["equal"] = record["equal"] and None not in record["stopped_at"].values()
+    if args.twin:
+        record["twin"], twin_table = twins(args.out, args.steps)
+        tables += f"\n{twin_table}"
     verdict = "identical to the bit" if record["equal"] else "differ"
     if not record["weights_moved"]:
         verdict = "not shown: the replay run's actor/grad_norm was 0 at every step (a reward that never varied)"
@@ -327,6 +354,7 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument("--signal", type=int, nargs="*", default=[], help="steps to send a replayed run SIGUSR1 after")
     start.add_argument("--deadline", type=float, default=0, help="stapo.deadline of a replayed run, s from its launch")
     start.add_argument("--tau-p", type=float, default=0.02, help="stapo.tau_p (a 135M model's vocabulary is small)")
+    start.add_argument("--twin", action="store_true", help="a second record run beside the first, compared, reported")
     start.add_argument("overrides", nargs="*", help="Hydra overrides for every run, after --")
     stop = commands.add_parser("halt", help="run COMMAND; kill it at the checkpoint of step --at")
     stop.add_argument("--at", type=int, required=True)

@@ -69,10 +69,30 @@ def compare(
         shared = sorted(set(a.get(key, {})) & set(b.get(key, {})))
         shared = [s for s in shared if steps is None or s in steps]
         rows = [(s, a[key][s], b[key][s]) for s in shared]
-        same = bool(rows) and all(x == y or (math.isnan(x) and math.isnan(y)) for _, x, y in rows)
         gaps = [abs(x - y) for _, x, y in rows if not (math.isnan(x) or math.isnan(y))]
-        result[key] = {"rows": rows, "max_diff": max(gaps, default=math.nan), "equal": same}
+        equal = bool(rows) and all(same(x, y) for _, x, y in rows)
+        result[key] = {"rows": rows, "max_diff": max(gaps, default=math.nan), "equal": equal}
     return result
+
+
+def same(x: float, y: float) -> bool:
+    """Bitwise equal values of one metric (NaN equals NaN)."""
+    return x == y or (math.isnan(x) and math.isnan(y))
+
+
+def parting(result: dict) -> dict:
+    """Where two runs compared by :func:`compare` part: the metrics equal at every step both logged (``equal``), the
+    others (``differ``, a metric only one run logged included), the first step at which any value differs
+    (``first_step``, None if none does) and the metrics that differ there (``first_metrics``)."""
+    differ = sorted(key for key, found in result.items() if not found["equal"])
+    parted = [(step, key) for key in differ for step, x, y in result[key]["rows"] if not same(x, y)]
+    first = min((step for step, _ in parted), default=None)
+    return {
+        "equal": sorted(set(result) - set(differ)),
+        "differ": differ,
+        "first_step": first,
+        "first_metrics": sorted(key for step, key in parted if step == first),
+    }
 
 
 def read_metrics(path: Path) -> dict[str, dict[int, float]]:

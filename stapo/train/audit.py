@@ -6,7 +6,8 @@ three properties STAPO relies on (``python -m stapo.checks.gpu_smoke`` checks th
   workers train (original minus the silenced ones) and after it (restored), and the silenced count;
 * ``loss-<pid>.jsonl`` (one line per micro-batch, per actor rank): the global denominator ``batch_num_tokens``
   verl used, the kept and original response tokens of the micro-batch, and the gradient of the loss with respect
-  to the policy's log-probs at silenced tokens (must be exactly 0) and at kept ones.
+  to the policy's log-probs at silenced tokens (must be exactly 0) and at kept ones, and whether verl's rollout
+  correction gave the call its importance weights (``rollout_is_weights``).
 
 Off by default; it costs one extra autograd pass per micro-batch when on.
 """
@@ -54,4 +55,5 @@ def loss_record(loss, model_output, data, dp_group) -> dict:
         "silenced_tokens": int(silenced.sum()),
         "max_grad_silenced": float(grad[silenced].max()) if silenced.any() else 0.0,
         "nonzero_grad_kept": int((grad[kept] > 0).sum()),
+        "rollout_is_weights": "rollout_is_weights" in data.keys(),
     }
