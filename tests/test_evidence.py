@@ -126,6 +126,27 @@ def test_the_new_records_fail_the_check_when_a_number_changes(copy):
     assert "First step began, s since launch: off: 364.1 (median 364.1); on: 240.4 (median 240.4)." in shown
 
 
+def test_two_real_runs_and_a_smokes_overrides_come_from_their_records(copy):
+    """The twin block (two runs of one seed) recomputes where the runs part from their metrics: a twin whose step-1
+    reward equalled the record's would part later; the smoke block names a run's overrides and verl's importance
+    weights per step, and a changed mean fails the check."""
+    shown = evidence.twin_block(copy, "deadline-h100-62eb206", "record", "twin")
+    assert "| first step where they part | 1 |" in shown and "| last weights | different |" in shown
+    assert "`critic/score/mean` 0.0460295 / 0.0435021" in shown
+    twin = copy / "evidence/deadline-h100-62eb206/twin/metrics.jsonl.gz"
+    record = gzip.decompress((copy / "evidence/deadline-h100-62eb206/record/metrics.jsonl.gz").read_bytes())
+    twin.write_bytes(gzip.compress(record))  # the record's metrics as the twin's: nothing parts
+    shown = evidence.twin_block(copy, "deadline-h100-62eb206", "record", "twin")
+    assert "| first step where they part | none |" in shown and "| equal at every step (100) |" in shown
+    summary = copy / "evidence/smoke-rollout-correction-1gpu-62eb206/summary.jsonl"
+    shown = evidence.smoke_block(copy, "smoke-rollout-correction-1gpu-62eb206")
+    assert "`stapo` ran with `algorithm.rollout_correction.rollout_is=token`" in shown and "1.000032 / " in shown
+    summary.write_text(summary.read_text().replace("1.0000319480895996", "0.5"))
+    done = check(copy)
+    assert done.returncode == 1 and "block 'smoke smoke-rollout-correction-1gpu-62eb206'" in done.stdout
+    assert "block 'twin deadline-h100-62eb206 record twin'" in done.stdout
+
+
 def test_first_steps_gives_each_kind_of_launch_in_order_and_its_median():
     """Launches KIND-N grouped by KIND in the order given; a launch that never began its first step shows `-` and
     leaves its kind without a median."""

@@ -33,7 +33,7 @@ from importlib import metadata
 from pathlib import Path
 
 from stapo.s2t import DEFAULTS, distinct_silenced
-from stapo.tools.curves import band, compare, every_key, figure_data, plot_runs, read_metrics, read_runs
+from stapo.tools.curves import band, compare, every_key, figure_data, parting, plot_runs, read_metrics, read_runs
 from stapo.tools.decisive import report as decisive_report
 from stapo.tools.io import output_problem, write_atomic
 
@@ -140,10 +140,10 @@ def decisive_block(root: Path, *names: str) -> str:
 def smoke_block(root: Path, name: str) -> str:
     """Each run of an audited GPU smoke (``summary.jsonl``, one line per run as ``stapo.checks.gpu_smoke`` prints
     it): its time, the mask's counts per step against the rule's, the quantile pools that silenced exactly
-    ⌈q(k − 1)⌉ of their k candidates, vLLM's agreement with the actor and the problems found."""
-    rows = []
-    for line in (root / RECORDS / name / "summary.jsonl").read_text().splitlines():
-        run = json.loads(line)
+    ⌈q(k − 1)⌉ of their k candidates, vLLM's agreement with the actor and the problems found; under the table, a
+    run's overrides after ``--`` (:func:`_overrides_line`)."""
+    rows, runs = [], [json.loads(line) for line in (root / RECORDS / name / "summary.jsonl").read_text().splitlines()]
+    for run in runs:
         pools = run.get("pools") or []
         exact = sum(silenced == distinct_silenced(k, DEFAULTS.q) for k, silenced in pools)
         rows.append(
@@ -163,7 +163,20 @@ def smoke_block(root: Path, name: str) -> str:
     head = ["run", "trainer", "GPUs", "seconds", "steps", "silenced per step", "rule's count per step",
             "pools with exactly ⌈q(k−1)⌉", "lowest vLLM–actor correlation", "problems"]  # fmt: skip
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    return "\n".join(lines + ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]) + "\n"
+    table = "\n".join(lines + ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]) + "\n"
+    return table + "".join(_overrides_line(run) for run in runs)
+
+
+def _overrides_line(run: dict) -> str:
+    """A smoke run's overrides after ``--`` and, with verl's rollout correction, its weights' mean per step (check
+    10 passed only if every loss call got the weights: the run's problems say)."""
+    if not run.get("overrides"):
+        return ""
+    line = f"\n`{run['method']}` ran with {', '.join(f'`{o}`' for o in run['overrides'])}"
+    if "rollout_is_mean" in run:
+        means = " / ".join("-" if m is None else f"{m:.6f}" for m in run["rollout_is_mean"])
+        line += f"; verl's `rollout_corr/rollout_is_mean` per step: {means}"
+    return line + ".\n"
 
 
 def image_block(root: Path, name: str) -> str:
@@ -250,6 +263,32 @@ def replay_block(root: Path, name: str, path: str = "replay/replay.json") -> str
     overall = "identical to the bit" if record["equal"] else "differ"
     update = update_line((root / RECORDS / name / path).parent / "replay" / "metrics.jsonl.gz", "replay")
     return "\n".join(lines) + f"\n\nWeights after step {record['steps']}: {weights}. Verdict: **{overall}**. {update}\n"
+
+
+def twin_block(root: Path, name: str, first: str, second: str, verdicts: str = "replay.json") -> str:
+    """Two real runs of one command and seed (``stapo.checks.replay --twin``: ``determinism=full``, vLLM generating)
+    compared at every metric but time and memory, at every step both logged, from their ``metrics.jsonl.gz``: the
+    metrics equal at every step, the first step where any differs and what differs there
+    (:func:`stapo.tools.curves.parting`), and whether the last weights are equal (the check's ``verdicts``)."""
+    folder = root / RECORDS / name
+    a, b = (read_metrics(folder / run / "metrics.jsonl.gz") for run in (first, second))
+    found = compare(a, b, keys=every_key(a, b))
+    where = parting(found)
+    weights = json.loads((folder / verdicts).read_text())["twin"]["weights_equal"]
+    rows = [("metrics compared", len(found)),
+            (f"equal at every step ({len(where['equal'])})", ", ".join(f"`{k}`" for k in where["equal"]) or "none"),
+            ("first step where they part", where["first_step"] or "none")]  # fmt: skip
+    if where["first_step"]:
+        step = where["first_step"]
+        shown = [
+            k for k in ("critic/score/mean", "response_length/mean", "actor/grad_norm") if k in where["first_metrics"]
+        ]
+        values = "; ".join(f"`{k}` {a[k][step]:.6g} / {b[k][step]:.6g}" for k in shown)
+        among = f", among them {values} ({first} / {second})" if values else ""
+        rows.append((f"metrics that differ at step {step}", f"{len(where['first_metrics'])} of {len(found)}{among}"))
+    rows.append(("last weights", "equal" if weights else "different"))
+    lines = ["| two runs of one seed | |", "|---|---|", *(f"| {k} | {_cell(v)} |" for k, v in rows)]
+    return "\n".join(lines) + "\n"
 
 
 def runs_block(root: Path, name: str, reference: str, *runs: str) -> str:
@@ -363,6 +402,7 @@ BLOCKS: dict[str, Callable[..., str]] = {
     "markdown": markdown_block,
     "replay": replay_block,
     "runs": runs_block,
+    "twin": twin_block,
     "startup": startup_block,
 }
 """Block kinds and what writes them (``curves``, which also draws, is :func:`curves_block`)."""
