@@ -1,13 +1,15 @@
 """The vLLM batch-invariance probe (stapo.checks.batch_invariance) on the CPU: its requests, compositions and
 comparison, and the whole probe over a stand-in for vLLM's engine (which needs a GPU): one that is batch-invariant
-gives zeros, one whose numbers depend on the batch is caught in tokens and in log-probabilities. The GPU records are
-in evidence/ once run (issue 54)."""
+gives zeros, one whose numbers depend on the batch is caught in tokens and in log-probabilities; ``locate``'s hooks and
+comparison over a stand-in model runner (a module that mixes the batch is named); the GPU scripts with a stand-in
+Python. The GPU records are in evidence/ once run (issues 54, 65)."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -93,3 +95,147 @@ def test_matmul_rows_counts_rows_that_depend_on_the_batch(monkeypatch):
     real = torch.Tensor.__matmul__
     monkeypatch.setattr(torch.Tensor, "__matmul__", lambda a, b: real(a, b) + (a.shape[0] < 9) * 2.0**-6)
     assert bi.matmul_rows(rows=(1, 4), shape=(9, 16, 8), device="cpu") == {1: 1, 4: 4}
+
+
+class Toy:
+    """A stand-in for vLLM's model runner on the CPU (vLLM's needs a GPU): a model over the batch's tokens flattened
+    into rows, as vLLM's are, run as a prefill pass and two decode passes. Its ops are elementwise, so a row depends
+    on no other row, except in ``mix`` of layer 1 when ``mixing``: it adds the batch's mean."""
+
+    def __init__(self, mixing: bool, target_last: bool = False):
+        import torch
+
+        class Mix(torch.nn.Module):
+            def forward(self, x):
+                return x + 1e-3 * x.mean(0, keepdim=True)
+
+        class Layer(torch.nn.Module):
+            def __init__(self, mix: bool):
+                super().__init__()
+                self.scale = torch.nn.Parameter(torch.linspace(0.5, 1.5, 32))
+                self.mix = Mix() if mix else torch.nn.Identity()
+
+            def forward(self, x):
+                return self.mix(torch.tanh(x * self.scale))
+
+        class Model(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                torch.manual_seed(0)
+                self.embed = torch.nn.Embedding(32, 32)
+                self.layers = torch.nn.ModuleList([Layer(mixing and i == 1) for i in range(2)])
+
+            def forward(self, ids):
+                x = self.embed(ids)
+                for layer in self.layers:
+                    x = layer(x)
+                return x
+
+        self.model, self.target_last = Model(), target_last
+
+    def generate(self, batch):
+        import torch
+
+        batch = batch[::-1] if self.target_last else batch
+        prompts = [[r.seed % 32, r.seed * 7 % 32, r.seed * 3 % 32][: 2 + r.seed % 2] for r in batch]
+        with torch.no_grad():
+            logits = self.model(torch.tensor([t for p in prompts for t in p]))
+            ends = torch.tensor([len(p) for p in prompts]).cumsum(0) - 1
+            tokens = [[int(logits[i].argmax())] for i in ends]
+            for _ in range(2):
+                for t, row in zip(tokens, self.model(torch.tensor([t[-1] for t in tokens]))):
+                    t.append(int(row.argmax()))
+        outputs = [(t, [0.0] * len(t)) for t in tokens]
+        return outputs[::-1] if self.target_last else outputs
+
+
+def test_locate_names_the_first_module_that_mixes_the_batch(monkeypatch):
+    """``locate`` on a stand-in engine: a model whose rows never meet finds nothing; one whose layer 1 adds the
+    batch's mean is found there, in the prefill pass, with every module after it differing too; a request that is not
+    first in its batch shows as misaligned (its embedding rows are another request's)."""
+    requests, partners = bi.make_requests(4), bi.make_requests(4, seed=1)
+    for mixing, target_last in ((False, False), (True, False), (True, True)):
+        toy = Toy(mixing, target_last)
+        monkeypatch.setattr(bi, "RECORDER", bi.Recorder())
+        assert bi.RECORDER.attach(toy.model) == 7  # the model, embed, layers (never called), 2 x (layer, mix)
+        results = bi.locate(toy.generate, requests, partners)
+        assert all(r["passes"] == [3, 3] for r in results)
+        if not mixing:
+            assert all("module" not in r for r in results) and bi.summary(results) == {"none": 4}
+        elif not target_last:
+            assert {(r["pass"], r["module"], r["aligned"]) for r in results} == {(0, "layers.1.mix", True)}
+            assert results[0]["first_modules"] == ["layers.1.mix", "layers.1", "model"]
+            assert 0 < results[0]["max_abs_diff"] < 1e-2 and bi.summary(results) == {"layers.*.mix": 4}
+        else:
+            assert {(r["module"], r["aligned"]) for r in results} == {("embed", False)}
+
+
+def test_the_models_projections_and_their_rows(monkeypatch):
+    """The shapes ``linear_rows`` multiplies, from a Qwen3 config (head_dim given) and a Llama one (derived); rows
+    that depend on how many are computed are counted per projection."""
+    import torch.nn.functional as F
+
+    qwen = {"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+            "intermediate_size": 96, "vocab_size": 500}  # fmt: skip
+    assert bi.projection_shapes(qwen) == {"qkv_proj": (64, 256), "o_proj": (128, 64), "gate_up_proj": (64, 192),
+                                          "down_proj": (96, 64), "lm_head": (64, 500)}  # fmt: skip
+    llama = {"hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 96, "vocab_size": 500}
+    assert bi.projection_shapes(llama)["qkv_proj"] == (64, 192)
+    counts = bi.linear_rows({"o_proj": (16, 8)}, rows=(1, 4), full=9, device="cpu")
+    assert set(counts["o_proj"]) == {1, 4} and all(0 <= n <= m for m, n in counts["o_proj"].items())
+    real = F.linear
+    monkeypatch.setattr(F, "linear", lambda x, w: real(x, w) + (x.shape[0] < 9) * 2.0**-6)
+    assert bi.linear_rows({"lm_head": (16, 8)}, rows=(1, 4), full=9, device="cpu") == {"lm_head": {1: 1, 4: 4}}
+    chosen = {"backend": "FLASH_ATTN", "implementation": "FlashAttentionImpl", "flash_attn_version": 3}
+    record = {"setting": "fa3", "greedy": True, "eager": True, "requests": 2, "compositions": {"together": {}},
+              "linear_rows_differing": {"lm_head": {"1": 1}}, "attention": chosen}  # fmt: skip
+    shown = bi.table([record])
+    assert "rows differing: fa3: lm_head 1 rows: 1" in shown
+    assert shown.endswith("the engine chose: fa3: FLASH_ATTN (FlashAttentionImpl, FlashAttention 3)\n")
+
+
+LOCATE_STANDIN = """#!{python}
+import json, sys
+with open({calls!r}, "a") as calls:
+    calls.write(" ".join(sys.argv[1:]) + "\\n")
+if sys.argv[2:4] == ["stapo.checks.batch_invariance", "table"]:
+    from stapo.checks.batch_invariance import main
+    main(sys.argv[3:])
+elif sys.argv[2] == "stapo.checks.batch_invariance":
+    record = {{"setting": sys.argv[sys.argv.index("--setting") + 1], "greedy": False, "eager": True, "requests": 48,
+              "compositions": {{"together": {{}}}}, "attention": {{"backend": "FLASH_ATTN",
+              "implementation": "FlashAttentionImpl", "flash_attn_version": 3}}}}
+    open(sys.argv[sys.argv.index("--out") + 1], "w").write(json.dumps(record))
+"""
+
+
+def test_the_locate_script_runs_the_probe_and_three_locates(tmp_path):
+    """scripts/gpu/locate.sh as printed, from a folder that does not exist yet, with a stand-in for the Python that
+    needs a GPU (it records each command and writes a record): the model converted from --src, the FA3 probe and
+    locate for FA3 seeded, FA3 greedy and TRITON, each with arguments the real parser accepts, and the probe's table."""
+    calls, standin = tmp_path / "calls", tmp_path / "python"
+    standin.write_text(LOCATE_STANDIN.format(python=sys.executable, calls=str(calls)))
+    standin.chmod(0o755)
+    script = Path(__file__).parents[1] / "scripts" / "gpu" / "locate.sh"
+    out, gguf = tmp_path / "new" / "loc", tmp_path / "sm.gguf"
+    gguf.write_bytes(b"GGUF")
+    env = {"PATH": "/usr/bin:/bin", "STAPO_PYTHON": str(standin), "PYTHONPATH": str(Path(__file__).parents[1])}
+    done = subprocess.run(["bash", str(script), str(out), "--src", str(gguf)], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    lines = calls.read_text().splitlines()
+    assert lines[0].startswith(f"-m stapo.tools.pretrained --out {out}/smollm2/raw --src {gguf}")
+    jobs = sorted(line.split()[2:] for line in lines if line.split()[2] in ("run", "locate"))
+    model = f"{out}/smollm2/raw"
+    assert jobs == sorted([
+        ["run", "--model", model, "--setting", "fa3", "--out", f"{out}/locate/probe-fa3.json"],
+        ["locate", "--model", model, "--setting", "fa3", "--out", f"{out}/locate/fa3.json"],
+        ["locate", "--model", model, "--setting", "fa3", "--greedy", "--out", f"{out}/locate/fa3-greedy.json"],
+        ["locate", "--model", model, "--setting", "triton", "--out", f"{out}/locate/triton.json"],
+    ])  # fmt: skip
+    for job in jobs:  # the real parser takes each (it stops at the model folder, which the stand-in did not write)
+        found = subprocess.run([sys.executable, "-m", "stapo.checks.batch_invariance", *job[:-1], str(tmp_path / "x")],
+                               capture_output=True, text=True)  # fmt: skip
+        assert found.returncode == 2 and "no config.json there" in found.stderr, found.stderr
+    assert (out / "locate" / "table.md").read_text().endswith("FLASH_ATTN (FlashAttentionImpl, FlashAttention 3)\n")
+    usage = subprocess.run(["bash", str(script), "--help"], capture_output=True, text=True)
+    assert usage.returncode == 0 and "decoded alone" in usage.stdout

@@ -157,7 +157,12 @@ ENTRIES = {
     ),
     "stapo.checks.batch_invariance run": Entry(
         ("run", "--model", M, "--setting", "fa2", "--out", "{W}/probe.json"),
-        work=("stapo.checks.batch_invariance:vllm_generate",),
+        work=("stapo.checks.batch_invariance:start_engine",),
+        kinds={"--setting": "text"},
+    ),
+    "stapo.checks.batch_invariance locate": Entry(
+        ("locate", "--model", M, "--setting", "fa2", "--out", "{W}/locate.json"),
+        work=("stapo.checks.batch_invariance:start_engine",),
         kinds={"--setting": "text"},
     ),
     "stapo.checks.batch_invariance table": Entry(

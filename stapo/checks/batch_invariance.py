@@ -3,6 +3,8 @@
     python -m stapo.checks.batch_invariance run --model DIR --setting fa2 --out fa2.json [--requests 48]
         [--max-tokens 64] [--greedy] [--eager | --graphs]
     python -m stapo.checks.batch_invariance table fa3.json fa2.json ...       # one row per setting and composition
+    python -m stapo.checks.batch_invariance locate --model DIR --setting fa3 --out locate.json [--requests 8]
+        [--max-tokens 16] [--greedy]
 
 ``run`` starts one vLLM engine with ``VLLM_BATCH_INVARIANT=1`` and the attention backend of ``--setting``
 (:data:`SETTINGS`), and generates the same seeded requests (word problems of mixed lengths, a seed each, as the
@@ -14,8 +16,18 @@ gives zeros everywhere; differences in ``again`` are not even run-to-run repeata
 under the cuBLAS settings vLLM's engine left there, :func:`matmul_rows` asks whether a bfloat16 matrix product's rows
 depend on how many rows are multiplied at once (on Hopper, vLLM 0.24's batch-invariant matmuls rest on cuBLAS:
 ``CUBLAS_WORKSPACE_CONFIG=:16:8`` and ``CUBLASLT_WORKSPACE_SIZE=1``, set in ``batch_invariant.py``). The record
-(``--out``, JSON) holds the setting, the engine's arguments, the environment, the versions and the counts; ``table``
-puts records side by side, with the upstream issue each setting answers.
+(``--out``, JSON) holds the setting, the engine's arguments, what the engine chose (:func:`attention_facts`: the
+attention backend, its implementation and FlashAttention version), the environment, the versions and the counts, and
+:func:`linear_rows` for the model's own projections (``F.linear`` with its weights' shapes, the LM head included);
+``table`` puts records side by side, with the upstream issue each setting answers.
+
+``locate`` asks where a request decoded alone first parts from the same request decoded beside one other (a batch of
+two, the request first). In one eager engine it records every module's output in every forward pass, and the
+sampler's (:class:`Recorder`, forward hooks through vLLM's ``apply_model`` and ``collective_rpc``), for each of
+``--requests`` requests alone and then beside the next one (``ignore_eos``, so both run the same passes), and compares
+the request's rows pass by pass in the order the modules finished (:func:`first_difference`): the first pass and
+module whose output differs, the largest difference there and how many modules differ in that pass. Its record counts
+the first modules over the requests (:func:`summary`).
 
 Size it small (48 requests × 64 tokens): batch-invariant kernels are slow, and one process per setting keeps a
 backend's start-up failure from hiding the others.
@@ -25,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import time
@@ -132,23 +145,29 @@ def probe(
     return {name: compare(reference, out) for name, out in outputs.items()}
 
 
-def vllm_generate(model: Path, setting: str, max_tokens: int, greedy: bool, eager: bool) -> tuple[Generate, dict]:
-    """An engine for ``setting`` and the function that runs one batch through it; the engine's arguments. Its KV cache
-    is given (:data:`KV_CACHE_BYTES`) instead of a share of the GPU's free memory, and vLLM 0.24's start-up check
+def start_engine(model: Path, setting: str, eager: bool):
+    """A vLLM engine for ``setting`` in this process, and its arguments. Its KV cache is given
+    (:data:`KV_CACHE_BYTES`) instead of a share of the GPU's free memory, and vLLM 0.24's start-up check
     (``request_memory``: free memory of at least ``gpu_memory_utilization`` of the GPU) asks for a tenth, so that
-    the settings can run at once on one GPU."""
+    the settings can run at once on one GPU. No prefix caching: a request's second run computes its prompt again."""
     os.environ.update(ENVIRONMENT)
-    from vllm import LLM, SamplingParams
+    from vllm import LLM
 
     kwargs = {"model": str(model), "seed": 0, "enforce_eager": eager, "enable_prefix_caching": False}
     kwargs |= {"kv_cache_memory_bytes": KV_CACHE_BYTES, "gpu_memory_utilization": 0.1, **SETTINGS[setting]}
-    llm = LLM(**kwargs)
+    return LLM(**kwargs), kwargs
+
+
+def generator(llm, max_tokens: int, greedy: bool, ignore_eos: bool = False) -> Generate:
+    """The function that runs one batch through ``llm``: seeded sampling at T = 1 (or greedy), ``max_tokens`` each."""
+    from vllm import SamplingParams
 
     def generate(batch: list[Request]) -> list[Output]:
         params = [
-            SamplingParams(temperature=0.0 if greedy else 1.0, max_tokens=max_tokens, seed=r.seed, logprobs=0)
+            SamplingParams(temperature=0.0 if greedy else 1.0, max_tokens=max_tokens, seed=r.seed, logprobs=0,
+                           ignore_eos=ignore_eos)
             for r in batch
-        ]
+        ]  # fmt: skip
         outputs = llm.generate([r.prompt for r in batch], params, use_tqdm=False)
         result = []
         for out in outputs:
@@ -157,7 +176,195 @@ def vllm_generate(model: Path, setting: str, max_tokens: int, greedy: bool, eage
             result.append((list(sample.token_ids), lps))
         return result
 
-    return generate, kwargs
+    return generate
+
+
+def attention_facts(model) -> dict:
+    """What the engine chose for attention, read from the model's first attention layer (an ``apply_model``
+    function): the backend's name, its implementation's class and the FlashAttention version it calls (None for a
+    backend without one)."""
+    layer = next(m for m in model.modules() if hasattr(m, "attn_backend") and hasattr(m, "impl"))
+    return {
+        "backend": layer.attn_backend.get_name(),
+        "implementation": type(layer.impl).__name__,
+        "flash_attn_version": getattr(layer.impl, "vllm_flash_attn_version", None),
+    }
+
+
+def projection_shapes(config: dict) -> dict[str, tuple[int, int]]:
+    """(in, out) of the decoder's linear layers as vLLM runs them (query, key and value fused, gate and up fused) and
+    of the LM head, from a Hugging Face ``config.json``."""
+    hidden, heads = config["hidden_size"], config["num_attention_heads"]
+    head_dim = config.get("head_dim") or hidden // heads
+    kv_heads = config.get("num_key_value_heads", heads)
+    return {
+        "qkv_proj": (hidden, (heads + 2 * kv_heads) * head_dim),
+        "o_proj": (heads * head_dim, hidden),
+        "gate_up_proj": (hidden, 2 * config["intermediate_size"]),
+        "down_proj": (config["intermediate_size"], hidden),
+        "lm_head": (hidden, config["vocab_size"]),
+    }
+
+
+def linear_rows(shapes: dict[str, tuple[int, int]], rows: Sequence[int] = MATMUL_ROWS, full: int = 257,
+                device: str = "cuda") -> dict[str, dict[int, int]]:  # fmt: skip
+    """:func:`matmul_rows` with the model's own operation: per projection, ``F.linear`` of ``full`` seeded bfloat16
+    rows with a weight of its shape (out × in, as vLLM stores it); for each row count m, how many of the first m rows
+    differ bitwise when only those m are computed."""
+    import torch
+    import torch.nn.functional as F
+
+    found = {}
+    for name, (inputs, outputs) in shapes.items():
+        generator = torch.Generator().manual_seed(0)
+        x, w = (torch.randn(size, generator=generator).to(device, torch.bfloat16) for size in ((full, inputs),
+                (outputs, inputs)))  # fmt: skip
+        whole = F.linear(x, w)
+        found[name] = {m: int((F.linear(x[:m], w) != whole[:m]).any(dim=1).sum()) for m in rows}
+    return found
+
+
+def tensors_of(output, depth: int = 3) -> list:
+    """The tensors in a module's output: itself, or those in its tuple, list or dataclass fields (the sampler's)."""
+    import dataclasses
+
+    import torch
+
+    if isinstance(output, torch.Tensor):
+        return [output]
+    if depth == 0:
+        return []
+    if isinstance(output, (tuple, list)):
+        return [t for item in output for t in tensors_of(item, depth - 1)]
+    if dataclasses.is_dataclass(output):
+        return [t for f in dataclasses.fields(output) for t in tensors_of(getattr(output, f.name), depth - 1)]
+    return []
+
+
+class Recorder:
+    """Every module's output in every forward pass of a model, and the sampler's, on the CPU in the order the modules
+    finished, while ``on``: ``passes`` is one list of (module name, tensors) per pass (a pass starts when the model's
+    top module is called)."""
+
+    def __init__(self) -> None:
+        self.on = False
+        self.passes: list[list[tuple[str, list]]] = []
+
+    def _start(self, *_) -> None:
+        if self.on:
+            self.passes.append([])
+
+    def _hook(self, name: str):
+        def record(module, inputs, output) -> None:
+            if self.on and self.passes:
+                self.passes[-1].append((name, [t.detach().cpu() for t in tensors_of(output)]))
+
+        return record
+
+    def attach(self, model, sampler=None) -> int:
+        """Hooks on ``model``'s modules (and ``sampler``); returns how many."""
+        model.register_forward_pre_hook(self._start)
+        modules = [(name or "model", module) for name, module in model.named_modules()]
+        modules += [("sampler", sampler)] if sampler is not None else []
+        for name, module in modules:
+            module.register_forward_hook(self._hook(name))
+        return len(modules)
+
+    def record(self, generate: Generate, batch: list[Request]) -> tuple[list, Output]:
+        """The passes of one batch and the first request's output."""
+        self.passes, self.on = [], True
+        try:
+            outputs = generate(batch)
+        finally:
+            self.on = False
+        return self.passes, outputs[0]
+
+
+RECORDER = Recorder()
+"""``locate``'s recorder: the hooks run in the engine's worker, which ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` keeps in
+this process."""
+
+
+def _attach_model(model) -> int:
+    return RECORDER.attach(model)
+
+
+def _attach_sampler(worker) -> bool:
+    sampler = getattr(worker.model_runner, "sampler", None)
+    if sampler is not None:
+        sampler.register_forward_hook(RECORDER._hook("sampler"))
+    return sampler is not None
+
+
+def _same(a, b) -> bool:
+    """Bitwise equal tensors of one shape (NaN equals NaN)."""
+    import torch
+
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.is_floating_point():
+        return bool(((a == b) | (torch.isnan(a) & torch.isnan(b))).all())
+    return torch.equal(a, b)
+
+
+def _gap(a, b) -> float:
+    if a.shape != b.shape or not a.is_floating_point():
+        return math.inf
+    return float((a.float() - b.float()).abs().nan_to_num(nan=0.0).max()) if a.numel() else 0.0
+
+
+def first_difference(alone: list[list[tuple[str, list]]], beside: list[list[tuple[str, list]]]) -> dict | None:
+    """A request's passes alone against its passes first in a batch of two: per pass and module (in the order they
+    finished), its rows of each output (the batch's first rows, as many as alone; the whole output where the shapes
+    do not allow that) compared bitwise. The first pass and module that differ (``module``), the largest difference
+    there, how many modules differ in that pass and the first of them; ``aligned`` is False when that module is the
+    pass's first (the embedding: then the rows compared were not the request's). None when every output is equal."""
+    for index, (ours, theirs) in enumerate(zip(alone, beside)):
+        differing = []
+        for (name, a_tensors), (other, b_tensors) in zip(ours, theirs):
+            if name != other:
+                return {"pass": index, "module": name, "error": f"the modules ran in another order ({other})"}
+            for a, b in zip(a_tensors, b_tensors):
+                rows = b[: a.shape[0]] if a.dim() and b.dim() == a.dim() and b.shape[1:] == a.shape[1:] else b
+                if not _same(a, rows):
+                    differing.append((name, _gap(a, rows)))
+                    break
+            if len(a_tensors) != len(b_tensors) and (not differing or differing[-1][0] != name):
+                differing.append((name, math.inf))
+        if differing:
+            return {
+                "pass": index,
+                "module": differing[0][0],
+                "max_abs_diff": differing[0][1],
+                "modules_differing": len(differing),
+                "first_modules": [name for name, _ in differing[:8]],
+                "aligned": not (differing[0][0] == ours[0][0] and index == 0),
+            }
+    return None
+
+
+def locate(generate: Generate, requests: list[Request], partners: list[Request]) -> list[dict]:
+    """Each request alone, then first beside its partner, through :data:`RECORDER`'s hooks: per request its seed, the
+    passes of each run, whether its tokens differ, and :func:`first_difference`'s finding (nothing where all equal)."""
+    results = []
+    for target, partner in zip(requests, partners, strict=True):
+        (alone, ours), (beside, theirs) = (RECORDER.record(generate, batch) for batch in ([target], [target, partner]))
+        found = first_difference(alone, beside) or {}
+        results.append({"seed": target.seed, "passes": [len(alone), len(beside)], "tokens_differ": ours[0] != theirs[0],
+                        **found})  # fmt: skip
+    return results
+
+
+def summary(results: list[dict]) -> dict[str, int]:
+    """How often each module (its layer number left out: ``model.layers.N.mlp`` -> ``model.layers.*.mlp``) was the
+    first to differ over the requests; ``none`` for a request that never differed."""
+    import re
+
+    counts: dict[str, int] = {}
+    for result in results:
+        key = re.sub(r"\.\d+\.", ".*.", result["module"]) if result.get("module") else "none"
+        counts[key] = counts.get(key, 0) + 1
+    return dict(sorted(counts.items(), key=lambda item: -item[1]))
 
 
 def matmul_rows(rows: Sequence[int] = MATMUL_ROWS, shape: tuple[int, int, int] = MATMUL_SHAPE, device: str = "cuda"):
@@ -201,13 +408,30 @@ def table(records: Sequence[dict]) -> str:
                 f"{counts['tokens']} | {counts['logprobs']} | {counts['max_logprob_gap']:.3g} | "
                 f"{UPSTREAM[record['setting']]} |"
             )
-    matmuls = [
-        f"{r['setting']}: " + ", ".join(f"{m} rows: {n}" for m, n in r["matmul_rows_differing"].items())
+    parts = []
+    if matmuls := [
+        f"{r['setting']}: {_rows(r['matmul_rows_differing'])}" for r in records if "matmul_rows_differing" in r
+    ]:
+        parts.append("bfloat16 matmul, rows differing from the full product (after the engine): " + "; ".join(matmuls))
+    linears = [
+        f"{r['setting']}: "
+        + "; ".join(f"{name} {_rows(counts)}" for name, counts in r["linear_rows_differing"].items())
         for r in records
-        if "matmul_rows_differing" in r
+        if "linear_rows_differing" in r
     ]
-    shown = "\n\nbfloat16 matmul, rows differing from the full product (after the engine): " + "; ".join(matmuls)
-    return "\n".join(lines) + (shown if matmuls else "") + "\n"
+    if linears:
+        parts.append("the model's projections (F.linear), rows differing: " + " | ".join(linears))
+    if chosen := [f"{r['setting']}: {_chosen(r['attention'])}" for r in records if "attention" in r]:
+        parts.append("the engine chose: " + "; ".join(chosen))
+    return "\n\n".join(["\n".join(lines), *parts]) + "\n"
+
+
+def _rows(counts: dict) -> str:
+    return ", ".join(f"{m} rows: {n}" for m, n in counts.items())
+
+
+def _chosen(attention: dict) -> str:
+    return f"{attention['backend']} ({attention['implementation']}, FlashAttention {attention['flash_attn_version']})"
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -224,6 +448,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     graphs = run.add_mutually_exclusive_group()
     graphs.add_argument("--eager", dest="eager", action="store_true", default=True, help="no CUDA graphs (default)")
     graphs.add_argument("--graphs", dest="eager", action="store_false", help="CUDA graphs and torch.compile")
+    find = commands.add_parser("locate", help="the first module where a request alone parts from a batch of two")
+    find.add_argument("--model", type=Path, required=True, help="a Hugging Face model folder")
+    find.add_argument("--setting", choices=sorted(SETTINGS), required=True)
+    find.add_argument("--out", type=Path, required=True, help="the record (JSON)")
+    find.add_argument("--requests", type=int, default=8)
+    find.add_argument("--max-tokens", type=int, default=16)
+    find.add_argument("--seed", type=int, default=0, help="the requests' problems and seeds")
+    find.add_argument("--greedy", action="store_true", help="temperature 0 instead of seeded sampling at T = 1")
+    find.set_defaults(eager=True)
     show = commands.add_parser("table", help="the records side by side (Markdown)")
     show.add_argument("records", type=Path, nargs="+")
     args = parser.parse_args(argv)
@@ -241,21 +474,35 @@ def main(argv: Sequence[str] | None = None) -> None:
     ):
         parser.exit(2, f"error: {problem}\n")
     start, environment = time.time(), {**{k: os.environ.get(k) for k in RECORDED_ENV}, **ENVIRONMENT}
-    generate, engine = vllm_generate(args.model, args.setting, args.max_tokens, args.greedy, args.eager)
-    requests, others = (make_requests(args.requests, seed) for seed in (args.seed, args.seed + 1))
-    counts = probe(generate, requests, others, compositions(args.requests, seed=args.seed))
+    llm, engine = start_engine(args.model, args.setting, args.eager)
     record = {
         "setting": args.setting,
         "engine": engine,
+        "attention": llm.apply_model(attention_facts)[0],
         "environment": environment,
         "versions": versions(),
         "requests": args.requests,
         "max_tokens": args.max_tokens,
         "greedy": args.greedy,
         "eager": args.eager,
+    }
+    requests, others = (make_requests(args.requests, seed) for seed in (args.seed, args.seed + 1))
+    if args.command == "locate":  # eager (no --graphs here): torch.compile would trace through the hooks
+        record |= {"hooks": llm.apply_model(_attach_model)[0], "sampler_hooked": llm.collective_rpc(_attach_sampler)[0]}
+        results = locate(generator(llm, args.max_tokens, args.greedy, ignore_eos=True), requests, others)
+        record |= {"seconds": round(time.time() - start, 1), "first_modules": summary(results)}
+        write_atomic(args.out, json.dumps(record | {"requests_located": results}, indent=1) + "\n")
+        print(json.dumps(record["first_modules"]))
+        return
+    counts = probe(
+        generator(llm, args.max_tokens, args.greedy), requests, others, compositions(args.requests, seed=args.seed)
+    )
+    config = json.loads((args.model / "config.json").read_text())
+    record |= {
         "seconds": round(time.time() - start, 1),
         "compositions": counts,
         "matmul_rows_differing": matmul_rows(),
+        "linear_rows_differing": linear_rows(projection_shapes(config)),
     }
     write_atomic(args.out, json.dumps(record, indent=1) + "\n")
     print(table([record]), end="")
