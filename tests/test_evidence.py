@@ -160,3 +160,27 @@ def test_first_steps_gives_each_kind_of_launch_in_order_and_its_median():
         "First step began, s since launch: warm: 200.0 (median 200.0); off: 300.0, - (median -); "
         "on: 150.0, 140.0 (median 145.0)."
     )
+
+
+def test_the_modes_block_averages_whole_cycles_and_compares_with_sync(tmp_path):
+    """Four runs as scripts/gpu/modes.sh leaves them: each run's phases averaged over its steps after the first,
+    each mode's mean step and its ratio to sync's; a run with one step cannot be averaged and says so."""
+    steps = {"sync": [60, 20, 20, 20, 20], "colocate": [70, 30, 10, 30, 10]}  # colocate: one generation, two steps
+    for run, times in (("sync-1", steps["sync"]), ("colocate-1", steps["colocate"]), ("colocate-2", steps["colocate"]),
+                       ("sync-2", [60, 22, 22, 22, 22])):  # fmt: skip
+        folder = tmp_path / "evidence" / "modes" / run
+        folder.mkdir(parents=True)
+        rest = {"timing_s/old_log_prob": 1.0, "timing_s/update_actor": 5.0, "response_length/mean": 2048.0}
+        data = [{"timing_s/step": t, "timing_s/gen": t / 2, **rest} for t in times]
+        lines = [json.dumps({"step": i + 1, "data": d}) for i, d in enumerate(data)]
+        (folder / "metrics.jsonl.gz").write_bytes(gzip.compress(("\n".join(lines) + "\n").encode()))
+        (folder / "exit_code").write_text("0\n")
+    shown = evidence.modes_block(tmp_path, "modes", "sync-1", "colocate-1", "colocate-2", "sync-2")
+    assert "| sync-1 | 0 | 2-5 | 20.0 | 10.0 | 1.0 | 5.0 | 2048 |" in shown
+    assert "| colocate-2 | 0 | 2-5 | 20.0 | 10.0 | 1.0 | 5.0 | 2048 |" in shown
+    assert shown.endswith("per mode: sync 21.0 s (2 runs); colocate 20.0 s (2 runs, 0.95 × sync).\n")
+    one = tmp_path / "evidence" / "modes" / "sync-3"
+    one.mkdir()
+    (one / "metrics.jsonl.gz").write_bytes(gzip.compress(b'{"step": 1, "data": {"timing_s/step": 9.0}}\n'))
+    with pytest.raises(evidence.EvidenceError, match="sync-3: fewer than two steps logged"):
+        evidence.modes_block(tmp_path, "modes", "sync-3")

@@ -291,6 +291,46 @@ def twin_block(root: Path, name: str, first: str, second: str, verdicts: str = "
     return "\n".join(lines) + "\n"
 
 
+MODE_PHASES = (("step", "timing_s/step"), ("generation", "timing_s/gen"), ("old log-probs", "timing_s/old_log_prob"),
+               ("update", "timing_s/update_actor"))  # fmt: skip
+"""The phases :func:`modes_block` shows, as verl 0.9.1 times them."""
+
+
+def modes_block(root: Path, name: str, *runs: str) -> str:
+    """Runs of ``scripts/gpu/modes.sh`` side by side (run folders ``MODE-N``, each with ``exit_code`` and
+    ``metrics.jsonl.gz``): per run the mean seconds of each phase over its steps after the first (the first pays
+    vLLM's and the kernels' first use; ``colocate_async`` generates the next batch while one trains, so a mean over
+    whole cycles is what compares) and the mean response length; then each mode's mean step over its runs, and its
+    ratio to ``sync``'s."""
+    folder, steps_of = root / RECORDS / name, {}
+    head = ["run", "exit", "steps averaged", *(f"{phase} s" for phase, _ in MODE_PHASES), "response length"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for run in runs:
+        metrics = read_metrics(folder / run / "metrics.jsonl.gz")
+        steps = sorted(metrics.get("timing_s/step", {}))[1:]
+        if not steps:
+            raise EvidenceError(f"{name}/{run}: fewer than two steps logged; nothing to average")
+        mean = {
+            key: _mean(metrics.get(key, {}), steps) for key in (*dict(MODE_PHASES).values(), "response_length/mean")
+        }
+        steps_of.setdefault(run.rsplit("-", 1)[0], []).append(mean["timing_s/step"])
+        cells = [run, (folder / run / "exit_code").read_text().strip(), f"{steps[0]}-{steps[-1]}",
+                 *(f"{mean[key]:.1f}" for _, key in MODE_PHASES), f"{mean['response_length/mean']:.0f}"]  # fmt: skip
+        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+    sync = statistics.fmean(steps_of["sync"]) if "sync" in steps_of else None
+    shown = []
+    for mode, steps in steps_of.items():
+        ratio = f", {statistics.fmean(steps) / sync:.2f} × sync" if sync and mode != "sync" else ""
+        shown.append(f"{mode} {statistics.fmean(steps):.1f} s ({len(steps)} runs{ratio})")
+    return "\n".join(lines) + "\n\nMean step after the first, per mode: " + "; ".join(shown) + ".\n"
+
+
+def _mean(values: dict[int, float], steps: Sequence[int]) -> float:
+    """The mean of ``values`` at ``steps`` (those logged), NaN if none."""
+    found = [values[step] for step in steps if step in values]
+    return statistics.fmean(found) if found else float("nan")
+
+
 def runs_block(root: Path, name: str, reference: str, *runs: str) -> str:
     """Runs of one recording compared with the ``reference`` run at every metric but time and memory
     (:func:`stapo.tools.curves.every_key`), at the steps both logged, from each run folder's ``metrics.jsonl.gz``:
@@ -402,6 +442,7 @@ BLOCKS: dict[str, Callable[..., str]] = {
     "markdown": markdown_block,
     "replay": replay_block,
     "runs": runs_block,
+    "modes": modes_block,
     "twin": twin_block,
     "startup": startup_block,
 }
