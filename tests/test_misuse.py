@@ -119,6 +119,7 @@ ENTRIES = {
         kinds={"--tokenizer": "folder", "--gpus": "text", "--methods": "text", "overrides": "text"},
     ),
     "stapo.quickstart.experiment summary": Entry(("summary", "{A}/experiment", "--plots", "{W}/plots")),
+    "stapo.tools.selection pilot": Entry(("pilot", "{A}/experiment"), work=("stapo.tools.selection:pilot_rows",)),
     "stapo.checks.gpu_smoke": Entry(
         (
             "--out",

@@ -17,13 +17,7 @@ esac
 source "$(dirname "$0")/lib.sh"
 take_src "${@:3}"
 PY=${STAPO_PYTHON:-python}
-warm="$out/smollm2-warm/step-300" task="$out/tasks/mixed"
-if [ ! -f "$warm/config.json" ]; then  # the ladder's model, task and warm-up (docs/history.md, section 10)
-  smollm2 "$out/smollm2/raw"
-  $PY -m stapo.quickstart.task word --difficulty 2 3 4 --out "$task" --train 5000 --val 200
-  $PY -m stapo.quickstart.warmup --model "$out/smollm2/raw" --out "$out/smollm2-warm" --steps 300 \
-    --exclude "$task/train.parquet" "$task/validation.parquet"
-fi
+ladder "$out"
 $PY -m stapo.quickstart.experiment run --out "$out/round$round" --model "$warm" --data "$task" \
   --methods justrl stapo stapo_random --seeds "${seeds[@]}" --steps 20 --prompts 64 --test-freq 20 --val-n 4 \
   --tau-p 0.02 --save-freq 0 --runs-per-gpu 6 --gpus 0 -- trainer.val_before_train=False \

@@ -9,3 +9,11 @@ take_src() {  # [--src FILE]: sets src=(--src FILE), or src=() without it; anyth
 smollm2() {  # FOLDER: SmolLM2-135M-Instruct in FOLDER (python -m stapo.tools.pretrained, from ${src[@]}), once
   [ -f "$1/config.json" ] || $PY -m stapo.tools.pretrained --out "$1" "${src[@]}"
 }
+ladder() {  # OUT: the ladder's model, task and warm-up (docs/history.md, section 10) under OUT, once; sets warm, task
+  warm="$1/smollm2-warm/step-300" task="$1/tasks/mixed"
+  [ -f "$warm/config.json" ] && return 0
+  smollm2 "$1/smollm2/raw"
+  $PY -m stapo.quickstart.task word --difficulty 2 3 4 --out "$task" --train 5000 --val 200
+  $PY -m stapo.quickstart.warmup --model "$1/smollm2/raw" --out "$1/smollm2-warm" --steps 300 \
+    --exclude "$task/train.parquet" "$task/validation.parquet"
+}
