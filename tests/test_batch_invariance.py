@@ -239,3 +239,25 @@ def test_the_locate_script_runs_the_probe_and_three_locates(tmp_path):
     assert (out / "locate" / "table.md").read_text().endswith("FLASH_ATTN (FlashAttentionImpl, FlashAttention 3)\n")
     usage = subprocess.run(["bash", str(script), "--help"], capture_output=True, text=True)
     assert usage.returncode == 0 and "decoded alone" in usage.stdout
+
+
+def test_what_the_engine_chose_is_read_from_its_attention_layer():
+    """vLLM's attention layers carry ``attn_backend`` (the class, with ``get_name``) and ``impl``; a model without one
+    gives Nones rather than failing after the engine started."""
+    import torch
+
+    class FlashAttentionImpl:
+        vllm_flash_attn_version = 3
+
+    class Backend:
+        @staticmethod
+        def get_name():
+            return "FLASH_ATTN"
+
+    layer = torch.nn.Module()
+    layer.attn_backend, layer.impl = Backend, FlashAttentionImpl()
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Sequential(layer))
+    assert bi.attention_facts(model) == {"backend": "FLASH_ATTN", "implementation": "FlashAttentionImpl",
+                                         "flash_attn_version": 3}  # fmt: skip
+    assert bi.attention_facts(torch.nn.Linear(2, 2)) == dict.fromkeys(("backend", "implementation",
+                                                                       "flash_attn_version"))  # fmt: skip

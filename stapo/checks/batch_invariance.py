@@ -182,8 +182,10 @@ def generator(llm, max_tokens: int, greedy: bool, ignore_eos: bool = False) -> G
 def attention_facts(model) -> dict:
     """What the engine chose for attention, read from the model's first attention layer (an ``apply_model``
     function): the backend's name, its implementation's class and the FlashAttention version it calls (None for a
-    backend without one)."""
-    layer = next(m for m in model.modules() if hasattr(m, "attn_backend") and hasattr(m, "impl"))
+    backend without one); all None where no module has vLLM's attention layer's attributes."""
+    layer = next((m for m in model.modules() if hasattr(m, "attn_backend") and hasattr(m, "impl")), None)
+    if layer is None:
+        return {"backend": None, "implementation": None, "flash_attn_version": None}
     return {
         "backend": layer.attn_backend.get_name(),
         "implementation": type(layer.impl).__name__,
