@@ -99,15 +99,16 @@ def test_matmul_rows_counts_rows_that_depend_on_the_batch(monkeypatch):
 
 class Toy:
     """A stand-in for vLLM's model runner on the CPU (vLLM's needs a GPU): a model over the batch's tokens flattened
-    into rows, as vLLM's are, run as a prefill pass and two decode passes. Its ops are elementwise, so a row depends
-    on no other row, except in ``mix`` of layer 1 when ``mixing``: it adds the batch's mean."""
+    into rows, as vLLM's are, run as a prefill pass and two decode passes, the prompt's tokens taken from its text. Its
+    ops are elementwise, so a row depends on no other row, except in ``mix`` of layer 1 when ``mixing``: it adds the
+    batch's row count."""
 
-    def __init__(self, mixing: bool, target_last: bool = False):
+    def __init__(self, mixing: bool):
         import torch
 
         class Mix(torch.nn.Module):
             def forward(self, x):
-                return x + 1e-3 * x.mean(0, keepdim=True)
+                return x + 1e-3 * x.shape[0]
 
         class Layer(torch.nn.Module):
             def __init__(self, mix: bool):
@@ -131,13 +132,12 @@ class Toy:
                     x = layer(x)
                 return x
 
-        self.model, self.target_last = Model(), target_last
+        self.model = Model()
 
     def generate(self, batch):
         import torch
 
-        batch = batch[::-1] if self.target_last else batch
-        prompts = [[r.seed % 32, r.seed * 7 % 32, r.seed * 3 % 32][: 2 + r.seed % 2] for r in batch]
+        prompts = [[ord(c) % 32 for c in r.prompt[: 2 + len(r.prompt) % 2]] for r in batch]
         with torch.no_grad():
             logits = self.model(torch.tensor([t for p in prompts for t in p]))
             ends = torch.tensor([len(p) for p in prompts]).cumsum(0) - 1
@@ -145,29 +145,73 @@ class Toy:
             for _ in range(2):
                 for t, row in zip(tokens, self.model(torch.tensor([t[-1] for t in tokens]))):
                     t.append(int(row.argmax()))
-        outputs = [(t, [0.0] * len(t)) for t in tokens]
-        return outputs[::-1] if self.target_last else outputs
+        return [(t, [0.0] * len(t)) for t in tokens]
 
 
-def test_locate_names_the_first_module_that_mixes_the_batch(monkeypatch):
-    """``locate`` on a stand-in engine: a model whose rows never meet finds nothing; one whose layer 1 adds the
-    batch's mean is found there, in the prefill pass, with every module after it differing too; a request that is not
-    first in its batch shows as misaligned (its embedding rows are another request's)."""
-    requests, partners = bi.make_requests(4), bi.make_requests(4, seed=1)
-    for mixing, target_last in ((False, False), (True, False), (True, True)):
-        toy = Toy(mixing, target_last)
+def test_locate_names_the_first_module_that_depends_on_the_batch(monkeypatch):
+    """``locate`` on a stand-in engine, each request beside its partner (the same prompt, another seed): a model
+    whose rows never meet finds nothing; one whose layer 1 depends on the batch is found there, in the prefill pass,
+    with every module after it differing too."""
+    requests = bi.make_requests(4)
+    partners = [bi.partner(r) for r in requests]
+    assert all(p.prompt == r.prompt and p.seed != r.seed for p, r in zip(partners, requests))
+    assert not {p.seed for p in partners} & {r.seed for r in requests + bi.make_requests(48) + bi.make_requests(48, 1)}
+    for mixing in (False, True):
+        toy = Toy(mixing)
         monkeypatch.setattr(bi, "RECORDER", bi.Recorder())
         assert bi.RECORDER.attach(toy.model) == 7  # the model, embed, layers (never called), 2 x (layer, mix)
         results = bi.locate(toy.generate, requests, partners)
         assert all(r["passes"] == [3, 3] for r in results)
         if not mixing:
             assert all("module" not in r for r in results) and bi.summary(results) == {"none": 4}
-        elif not target_last:
-            assert {(r["pass"], r["module"], r["aligned"]) for r in results} == {(0, "layers.1.mix", True)}
-            assert results[0]["first_modules"] == ["layers.1.mix", "layers.1", "model"]
-            assert 0 < results[0]["max_abs_diff"] < 1e-2 and bi.summary(results) == {"layers.*.mix": 4}
-        else:
-            assert {(r["module"], r["aligned"]) for r in results} == {("embed", False)}
+            continue
+        assert {(r["pass"], r["module"], r["aligned"]) for r in results} == {(0, "layers.1.mix", True)}
+        assert results[0]["first_modules"] == ["layers.1.mix", "layers.1", "model"]
+        assert results[0]["max_abs_diff"] > 0 and bi.summary(results) == {"layers.*.mix": 4}
+
+
+def test_first_difference_on_recorded_passes():
+    """Rows of a batch's first request against the request alone: equal rows pass; a differing first module means
+    the rows were another request's (``aligned`` False); modules in another order are an error, not a finding; the
+    summary counts decoder layers as one."""
+    import torch
+
+    alone = [[("embed", [torch.ones(3, 2)]), ("layers.0", [torch.ones(3, 2)]), ("logits", [torch.ones(1, 4)])]]
+    pair = [[("embed", [torch.ones(5, 2)]), ("layers.0", [torch.ones(5, 2)]), ("logits", [torch.ones(2, 4)])]]
+    assert bi.first_difference(alone, pair) is None
+    pair[0][1] = ("layers.0", [torch.cat([torch.full((1, 2), 1.5), torch.ones(4, 2)])])
+    found = bi.first_difference(alone, pair)
+    assert (found["module"], found["max_abs_diff"], found["aligned"]) == ("layers.0", 0.5, True)
+    assert found["modules_differing"] == 1
+    pair[0][0] = ("embed", [torch.zeros(5, 2)])
+    assert bi.first_difference(alone, pair)["aligned"] is False
+    assert "another order" in bi.first_difference(alone, [[("layers.0", [torch.ones(3, 2)])]])["error"]
+    counted = bi.summary([{"module": "model.layers.12"}, {"module": "model.layers.3"}, {}])
+    assert counted == {"model.layers.*": 2, "none": 1}
+
+
+def test_a_sampler_that_is_not_a_module_is_wrapped(monkeypatch):
+    """vLLM 0.24's V2 model runner's sampler is a plain object: ``locate`` wraps it, its outputs recorded and every
+    other attribute passed through; a module sampler (the V1 runner's) gets a hook."""
+    import types
+
+    import torch
+
+    class Sampler:
+        states = "kept"
+
+        def __call__(self, logits, batch):
+            return (logits.argmax(-1),)
+
+    monkeypatch.setattr(bi, "RECORDER", bi.Recorder())
+    worker = types.SimpleNamespace(model_runner=types.SimpleNamespace(sampler=Sampler()))
+    assert bi._attach_sampler(worker) == "wrapper around Sampler (SimpleNamespace)"
+    bi.RECORDER.on, bi.RECORDER.passes = True, [[]]
+    assert worker.model_runner.sampler(torch.tensor([[0.0, 2.0]]), None)[0].tolist() == [1]
+    assert worker.model_runner.sampler.states == "kept" and bi.RECORDER.passes[0][0][0] == "sampler"
+    module = types.SimpleNamespace(model_runner=types.SimpleNamespace(sampler=torch.nn.Identity()))
+    assert bi._attach_sampler(module) == "hook on Identity"
+    assert bi._attach_sampler(types.SimpleNamespace(model_runner=object())) == "no sampler found"
 
 
 def test_the_models_projections_and_their_rows(monkeypatch):

@@ -177,6 +177,7 @@ def test_rollout_correction_must_reach_every_loss_call(tmp_path):
     from stapo.checks.gpu_smoke import ROLLOUT_IS, rollout_is
 
     assert rollout_is(["algorithm.rollout_correction.rollout_is=token", "a.b=1"])
+    assert rollout_is(["++algorithm.rollout_correction.rollout_is=sequence"])
     assert not rollout_is(["algorithm.rollout_correction.rollout_is=null"]) and not rollout_is([])
     out = write_run(tmp_path / "run", GOOD)
     assert check("stapo", out, gpus=1)[0] == []

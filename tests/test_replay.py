@@ -66,6 +66,22 @@ def test_record_replay_halt_and_resume_compare_to_the_bit(tmp_path, task, monkey
     foreign_ray_ignored()
 
 
+def test_a_twin_that_fails_is_reported_and_costs_nothing_else(tmp_path, task, monkeypatch, foreign_ray_ignored):
+    """The twin is reported, not part of the verdict: one whose run fails (here a tape key the config lacks) leaves
+    the record, replay and verdicts as they would be, and says where its log is."""
+    monkeypatch.setattr(clusters, "HANDOVER_S", 1.0)
+    monkeypatch.setattr(replay, "TRAINER", [sys.executable, str(standins.HERE), "train"])
+    monkeypatch.setattr(replay, "TWIN", replay.Leg("twin", "twin", "stapo.no_such_key", tape_dir="tape-twin"))
+    with pytest.raises(SystemExit) as done:
+        replay.main(args(tmp_path, task, "--steps", "2", "--halt", "--twin"))
+    out = tmp_path / "out"
+    assert done.value.code == 0, (out / "runs" / "record" / "train.log").read_text()[-1500:]
+    record = json.loads((out / "replay.json").read_text())
+    assert record["equal"] and record["twin"] == {"failed": f"see {out / 'runs' / 'twin' / 'train.log'}"}
+    assert "no_such_key" in (out / "runs" / "twin" / "train.log").read_text()
+    foreign_ray_ignored()
+
+
 def test_a_replay_whose_gradients_were_all_zero_shows_nothing(tmp_path, monkeypatch):
     """A reward that never varies leaves every advantage and gradient 0: runs equal then say nothing of the update
     (the records of 2026-11-29 and 2026-12-06); one nonzero step is enough."""

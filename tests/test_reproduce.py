@@ -81,6 +81,6 @@ def test_where_two_runs_part(tmp_path, monkeypatch):
     b["actor/grad_norm"] = {1: 1.0}
     found = curves.parting(curves.compare(a, b, curves.every_key(a, b)))
     assert found == {"equal": ["critic/score/mean"], "differ": ["actor/entropy", "actor/grad_norm"],
-                     "first_step": 3, "first_metrics": ["actor/entropy"]}  # fmt: skip
+                     "one_sided": ["actor/grad_norm"], "first_step": 3, "first_metrics": ["actor/entropy"]}  # fmt: skip
     same = curves.parting(curves.compare(a, a, curves.every_key(a, a)))
     assert same["first_step"] is None and same["first_metrics"] == [] and same["differ"] == []

@@ -7,9 +7,10 @@
 # twice, alternated). Each run: STAPO, 8 prompts x 8 responses of up to 2,048 tokens (a random model writes to the
 # limit), two PPO mini-batches, 5 steps; on one GPU, vLLM and the actor share it in both modes (colocate_async overlaps
 # them in time only). Then the per-step summary of every run (python -m stapo.checks.scale summary).
-# Runs take minutes each: run the script detached (setsid ... &) and poll OUT.
+# Runs take minutes each: run the script detached (setsid ... &) and poll OUT. It stops every Ray cluster on the
+# machine before each run (`ray stop --force`): run it alone, as a speed measurement must be anyway.
 set -euo pipefail
-usage() { sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; }
 case "${1:-}" in -h | --help) usage; exit 0 ;; esac
 [ $# -eq 2 ] || [ $# -eq 3 ] || { usage >&2; exit 2; }
 out=$(realpath -m "$1") tok=$(realpath -m "$2") order=${3:-sync,colocate,colocate,sync}

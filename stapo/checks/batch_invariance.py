@@ -24,10 +24,10 @@ attention backend, its implementation and FlashAttention version), the environme
 ``locate`` asks where a request decoded alone first parts from the same request decoded beside one other (a batch of
 two, the request first). In one eager engine it records every module's output in every forward pass, and the
 sampler's (:class:`Recorder`, forward hooks through vLLM's ``apply_model`` and ``collective_rpc``), for each of
-``--requests`` requests alone and then beside the next one (``ignore_eos``, so both run the same passes), and compares
-the request's rows pass by pass in the order the modules finished (:func:`first_difference`): the first pass and
-module whose output differs, the largest difference there and how many modules differ in that pass. Its record counts
-the first modules over the requests (:func:`summary`).
+``--requests`` requests alone and then beside its partner (:func:`partner`: the same prompt under another seed;
+``ignore_eos``, so both run the same passes), and compares the request's rows pass by pass in the order the modules
+finished (:func:`first_difference`): the first pass and module whose output differs, the largest difference there and
+how many modules differ in that pass. Its record counts the first modules over the requests (:func:`summary`).
 
 Size it small (48 requests × 64 tokens): batch-invariant kernels are slow, and one process per setting keeps a
 backend's start-up failure from hiding the others.
@@ -291,11 +291,47 @@ def _attach_model(model) -> int:
     return RECORDER.attach(model)
 
 
-def _attach_sampler(worker) -> bool:
-    sampler = getattr(worker.model_runner, "sampler", None)
-    if sampler is not None:
+class _RecordedSampler:
+    """vLLM 0.24's V2 model runner's sampler, which is a plain object, not a module: its outputs recorded as a hook
+    would, everything else passed through."""
+
+    def __init__(self, sampler) -> None:
+        self._sampler = sampler
+
+    def __getattr__(self, name: str):
+        return getattr(self._sampler, name)
+
+    def __call__(self, *args, **kwargs):
+        output = self._sampler(*args, **kwargs)
+        RECORDER._hook("sampler")(self._sampler, args, output)
+        return output
+
+
+def _attach_sampler(worker) -> str:
+    """Record the sampler's outputs: a hook on a module (the V1 runner's), a wrapper around another object (the V2
+    runner's); what was done."""
+    import torch
+
+    runner = worker.model_runner
+    sampler = getattr(runner, "sampler", None)
+    if sampler is None:
+        return "no sampler found"
+    if isinstance(sampler, torch.nn.Module):
         sampler.register_forward_hook(RECORDER._hook("sampler"))
-    return sampler is not None
+        return f"hook on {type(sampler).__name__}"
+    runner.sampler = _RecordedSampler(sampler)
+    return f"wrapper around {type(sampler).__name__} ({type(runner).__name__})"
+
+
+PARTNER_SEED = 500_009
+"""Added to a request's seed to seed its partner (no request of :func:`make_requests` has it)."""
+
+
+def partner(request: Request) -> Request:
+    """The request ``locate`` pairs with ``request``: the same prompt under another seed, as a prompt's n responses
+    in an RL rollout are. An equal prompt keeps ``request`` first in the batch: vLLM 0.24's V2 model runner orders a
+    batch by each request's scheduled tokens (``prepare_inputs``: "Decode first, then prefill", a stable sort)."""
+    return Request(request.prompt, request.seed + PARTNER_SEED)
 
 
 def _same(a, b) -> bool:
@@ -358,13 +394,14 @@ def locate(generate: Generate, requests: list[Request], partners: list[Request])
 
 
 def summary(results: list[dict]) -> dict[str, int]:
-    """How often each module (its layer number left out: ``model.layers.N.mlp`` -> ``model.layers.*.mlp``) was the
-    first to differ over the requests; ``none`` for a request that never differed."""
+    """How often each module (its layer number left out: ``model.layers.N.mlp`` -> ``model.layers.*.mlp``,
+    ``model.layers.N`` -> ``model.layers.*``) was the first to differ over the requests; ``none`` for a request that
+    never differed."""
     import re
 
     counts: dict[str, int] = {}
     for result in results:
-        key = re.sub(r"\.\d+\.", ".*.", result["module"]) if result.get("module") else "none"
+        key = re.sub(r"\.\d+(?=\.|$)", ".*", result["module"]) if result.get("module") else "none"
         counts[key] = counts.get(key, 0) + 1
     return dict(sorted(counts.items(), key=lambda item: -item[1]))
 
@@ -488,14 +525,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         "greedy": args.greedy,
         "eager": args.eager,
     }
-    requests, others = (make_requests(args.requests, seed) for seed in (args.seed, args.seed + 1))
+    requests = make_requests(args.requests, args.seed)
     if args.command == "locate":  # eager (no --graphs here): torch.compile would trace through the hooks
-        record |= {"hooks": llm.apply_model(_attach_model)[0], "sampler_hooked": llm.collective_rpc(_attach_sampler)[0]}
-        results = locate(generator(llm, args.max_tokens, args.greedy, ignore_eos=True), requests, others)
+        record |= {"hooks": llm.apply_model(_attach_model)[0], "sampler": llm.collective_rpc(_attach_sampler)[0]}
+        generate = generator(llm, args.max_tokens, args.greedy, ignore_eos=True)
+        results = locate(generate, requests, [partner(r) for r in requests])
         record |= {"seconds": round(time.time() - start, 1), "first_modules": summary(results)}
         write_atomic(args.out, json.dumps(record | {"requests_located": results}, indent=1) + "\n")
         print(json.dumps(record["first_modules"]))
         return
+    others = make_requests(args.requests, args.seed + 1)
     counts = probe(
         generator(llm, args.max_tokens, args.greedy), requests, others, compositions(args.requests, seed=args.seed)
     )

@@ -175,7 +175,8 @@ def config_problem(methods: Sequence[str], gpus: int, trainer_mode: str, extra: 
 
 def rollout_is(extra: Sequence[str]) -> bool:
     """Whether the ``extra`` overrides turn on verl's importance weights (check 10)."""
-    value = dict(o.split("=", 1) for o in extra).get("algorithm.rollout_correction.rollout_is", "null")
+    values = {key.lstrip("+~"): value for key, value in (o.split("=", 1) for o in extra)}
+    value = values.get("algorithm.rollout_correction.rollout_is", "null")
     return value.strip("'\"").lower() not in ("null", "none", "")
 
 

@@ -34,7 +34,8 @@ Two real runs (``--twin``): a second record run of the same command and seed bes
 of its own; ``OUT/replay.md`` gets the two compared at every metric (as ``python -m stapo.checks.reproduce compare
 --all`` does) and ``OUT/replay.json`` which metrics were equal at every step and the first step and metrics where the
 two parted (:func:`stapo.tools.curves.parting`). Reported, not part of the verdict: vLLM's generation depends on the
-batch around a request (docs/determinism.md).
+batch around a request (docs/determinism.md). A twin that fails is reported as failed (``"twin": {"failed": ...}``),
+and the check goes on without it.
 
 ``halt`` runs COMMAND in a process group of its own and kills the group once ``DIR/latest_checkpointed_iteration.txt``
 says STEP (or later), as a preempted job is killed; it exits 0 then, and 1 if COMMAND ended first. ``watch`` runs
@@ -301,30 +302,34 @@ def run(args: argparse.Namespace) -> int:
             watcher += ["--signal-at", leg.at]
         return [*watcher, *["--stops"] * bool(leg.stop), "--", *train]
 
-    def run_stage(stage: list[Leg]) -> bool:
+    def run_stage(stage: list[Leg]) -> set[str]:
+        """The names of the stage's runs that failed."""
         for leg in stage:  # verl's FileLogger opens its file there and makes no folder
             (args.out / leg.folder).mkdir(exist_ok=True)
         codes = launch(stage, command, ["0"] * len(stage), args.out, STALL_S)
         if failed := sorted(name for name, code in codes.items() if code):
             print(f"error: {', '.join(failed)} failed (logs: {args.out / 'runs'})", file=sys.stderr)
-        return not failed
+        return set(failed)
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a kill stops the runs and their clusters too
-    if not run_stage([Leg("record", "record", "stapo.record_rollouts"), *[TWIN] * args.twin]):
+    first = run_stage([Leg("record", "record", "stapo.record_rollouts"), *[TWIN] * args.twin])
+    if "record" in first:  # the twin is reported, not part of the verdict: its failure stops nothing
         return 2
     stopped = [Leg(f"halt{k}", f"halt{k}", "stapo.replay_rollouts", k, "kill") for k in args.halt]
     stopped += [Leg(f"signal{k}", f"signal{k}", "stapo.replay_rollouts", 0, "signal", at=k) for k in args.signal]
     if args.deadline:
         stopped.append(Leg("deadline", "deadline", "stapo.replay_rollouts", 0, "deadline", deadline_s=args.deadline))
-    if not run_stage([Leg("replay", "replay", "stapo.replay_rollouts"), *stopped]):
+    if run_stage([Leg("replay", "replay", "stapo.replay_rollouts"), *stopped]):
         return 2
-    if not run_stage([Leg(f"{leg.name}-resumed", leg.folder, leg.tape, leg.halt) for leg in stopped]):
+    if run_stage([Leg(f"{leg.name}-resumed", leg.folder, leg.tape, leg.halt) for leg in stopped]):
         return 2
     record, tables = verdicts(args.out, {"record": 0, **{leg.folder: leg.halt for leg in stopped}}, args.steps)
     record["stopped_at"] = {leg.folder: saved_step(args.out / leg.folder / "ckpt", args.steps) for leg in stopped}
     record["deadline_s"] = next((leg.deadline_s for leg in stopped if leg.stop == "deadline"), None)
     record["equal"] = record["equal"] and None not in record["stopped_at"].values()
-    if args.twin:
+    if args.twin and TWIN.name in first:
+        record["twin"] = {"failed": f"see {args.out / 'runs' / TWIN.name / 'train.log'}"}
+    elif args.twin:
         record["twin"], twin_table = twins(args.out, args.steps)
         tables += f"\n{twin_table}"
     verdict = "identical to the bit" if record["equal"] else "differ"

@@ -82,14 +82,16 @@ def same(x: float, y: float) -> bool:
 
 def parting(result: dict) -> dict:
     """Where two runs compared by :func:`compare` part: the metrics equal at every step both logged (``equal``), the
-    others (``differ``, a metric only one run logged included), the first step at which any value differs
-    (``first_step``, None if none does) and the metrics that differ there (``first_metrics``)."""
+    others (``differ``), among them those no step of both runs holds (``one_sided``: logged by one run only), the first
+    step at which any value differs (``first_step``, None if none does) and the metrics that differ there
+    (``first_metrics``)."""
     differ = sorted(key for key, found in result.items() if not found["equal"])
     parted = [(step, key) for key in differ for step, x, y in result[key]["rows"] if not same(x, y)]
     first = min((step for step, _ in parted), default=None)
     return {
         "equal": sorted(set(result) - set(differ)),
         "differ": differ,
+        "one_sided": [key for key in differ if not result[key]["rows"]],
         "first_step": first,
         "first_metrics": sorted(key for step, key in parted if step == first),
     }
@@ -177,7 +179,7 @@ def read_runs(folder: Path) -> dict[str, dict[int, dict[str, dict[int, float]]]]
     return runs
 
 
-def mean_over(series: dict[int, float], steps: range) -> float:
+def mean_over(series: dict[int, float], steps: Sequence[int]) -> float:
     """Mean of a metric over the ``steps`` it logged a number at (NaN if none)."""
     values = [series[s] for s in steps if s in series and not math.isnan(series[s])]
     return statistics.fmean(values) if values else math.nan

@@ -33,7 +33,17 @@ from importlib import metadata
 from pathlib import Path
 
 from stapo.s2t import DEFAULTS, distinct_silenced
-from stapo.tools.curves import band, compare, every_key, figure_data, parting, plot_runs, read_metrics, read_runs
+from stapo.tools.curves import (
+    band,
+    compare,
+    every_key,
+    figure_data,
+    mean_over,
+    parting,
+    plot_runs,
+    read_metrics,
+    read_runs,
+)
 from stapo.tools.decisive import report as decisive_report
 from stapo.tools.io import output_problem, write_atomic
 
@@ -277,7 +287,8 @@ def twin_block(root: Path, name: str, first: str, second: str, verdicts: str = "
     weights = json.loads((folder / verdicts).read_text())["twin"]["weights_equal"]
     rows = [("metrics compared", len(found)),
             (f"equal at every step ({len(where['equal'])})", ", ".join(f"`{k}`" for k in where["equal"]) or "none"),
-            ("first step where they part", where["first_step"] or "none")]  # fmt: skip
+            ("first step where they part", where["first_step"] or "none"),
+            ("logged by one run only", ", ".join(f"`{k}`" for k in where["one_sided"]) or "none")]  # fmt: skip
     if where["first_step"]:
         step = where["first_step"]
         shown = [
@@ -311,7 +322,7 @@ def modes_block(root: Path, name: str, *runs: str) -> str:
         if not steps:
             raise EvidenceError(f"{name}/{run}: fewer than two steps logged; nothing to average")
         mean = {
-            key: _mean(metrics.get(key, {}), steps) for key in (*dict(MODE_PHASES).values(), "response_length/mean")
+            key: mean_over(metrics.get(key, {}), steps) for key in (*dict(MODE_PHASES).values(), "response_length/mean")
         }
         steps_of.setdefault(run.rsplit("-", 1)[0], []).append(mean["timing_s/step"])
         cells = [run, (folder / run / "exit_code").read_text().strip(), f"{steps[0]}-{steps[-1]}",
@@ -323,12 +334,6 @@ def modes_block(root: Path, name: str, *runs: str) -> str:
         ratio = f", {statistics.fmean(steps) / sync:.2f} × sync" if sync and mode != "sync" else ""
         shown.append(f"{mode} {statistics.fmean(steps):.1f} s ({len(steps)} runs{ratio})")
     return "\n".join(lines) + "\n\nMean step after the first, per mode: " + "; ".join(shown) + ".\n"
-
-
-def _mean(values: dict[int, float], steps: Sequence[int]) -> float:
-    """The mean of ``values`` at ``steps`` (those logged), NaN if none."""
-    found = [values[step] for step in steps if step in values]
-    return statistics.fmean(found) if found else float("nan")
 
 
 def runs_block(root: Path, name: str, reference: str, *runs: str) -> str:
