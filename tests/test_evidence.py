@@ -184,3 +184,20 @@ def test_the_modes_block_averages_whole_cycles_and_compares_with_sync(tmp_path):
     (one / "metrics.jsonl.gz").write_bytes(gzip.compress(b'{"step": 1, "data": {"timing_s/step": 9.0}}\n'))
     with pytest.raises(evidence.EvidenceError, match="sync-3: fewer than two steps logged"):
         evidence.modes_block(tmp_path, "modes", "sync-3")
+
+
+def test_the_locate_block_comes_from_its_record(copy):
+    """The first locate record: what the engine chose and no module differing for any request; a record where a module
+    differed names it, and the check fails until the page is regenerated."""
+    shown = evidence.locate_block(copy, "locate-h100-adc01db")
+    assert "FLASH_ATTN (FlashAttentionImpl, FlashAttention 3)" in shown and "| 0 | 8 / 8 | no | none | - | - |" in shown
+    record_path = copy / "evidence/locate-h100-adc01db/locate.json"
+    record = json.loads(record_path.read_text())
+    record["requests_located"][0] |= {"module": "model.layers.3.self_attn.attn", "pass": 2, "max_abs_diff": 0.0039,
+                                      "tokens_differ": True}  # fmt: skip
+    record["first_modules"] = {"model.layers.*.self_attn.attn": 1, "none": 3}
+    record_path.write_text(json.dumps(record))
+    shown = evidence.locate_block(copy, "locate-h100-adc01db")
+    assert "| 0 | 8 / 8 | yes | `model.layers.3.self_attn.attn` | 2 | 0.0039 |" in shown
+    done = check(copy)
+    assert done.returncode == 1 and "block 'locate locate-h100-adc01db'" in done.stdout

@@ -336,6 +336,30 @@ def modes_block(root: Path, name: str, *runs: str) -> str:
     return "\n".join(lines) + "\n\nMean step after the first, per mode: " + "; ".join(shown) + ".\n"
 
 
+def locate_block(root: Path, name: str, path: str = "locate.json") -> str:
+    """A ``stapo.checks.batch_invariance locate`` record: what the engine chose and how the outputs were recorded,
+    then per request the passes alone and beside its partner, whether its tokens differ, and the first module whose
+    output differed (with the pass and the largest difference), or none."""
+    record = json.loads((root / RECORDS / name / path).read_text())
+    chosen = record["attention"]
+    lines = [
+        f"Engine: {chosen['backend']} ({chosen['implementation']}, FlashAttention {chosen['flash_attn_version']}), "
+        f"{'seeded T = 1' if not record['greedy'] else 'greedy'}, {record['max_tokens']} tokens a request; "
+        f"{record['hooks']} modules hooked, sampler: {record['sampler']}.",
+        "",
+        "| request seed | passes alone / beside | tokens differ | first module that differs | pass | largest gap |",
+        "|---|---|---|---|---|---|",
+    ]
+    for found in record["requests_located"]:
+        module = found.get("module")
+        where = [found.get("pass", "-"), found.get("max_abs_diff", "-")]
+        passes, differ = " / ".join(map(str, found["passes"])), "yes" if found["tokens_differ"] else "no"
+        cells = [found["seed"], passes, differ, f"`{module}`" if module else "none", *where]
+        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+    counts = ", ".join(f"{module} {n}" for module, n in record["first_modules"].items())
+    return "\n".join(lines) + f"\n\nFirst modules over the requests: {counts}.\n"
+
+
 def runs_block(root: Path, name: str, reference: str, *runs: str) -> str:
     """Runs of one recording compared with the ``reference`` run at every metric but time and memory
     (:func:`stapo.tools.curves.every_key`), at the steps both logged, from each run folder's ``metrics.jsonl.gz``:
@@ -448,6 +472,7 @@ BLOCKS: dict[str, Callable[..., str]] = {
     "replay": replay_block,
     "runs": runs_block,
     "modes": modes_block,
+    "locate": locate_block,
     "twin": twin_block,
     "startup": startup_block,
 }
