@@ -484,25 +484,23 @@ def _chosen(attention: dict) -> str:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m stapo.checks.batch_invariance", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    run = commands.add_parser("run", help="probe one setting in one engine; write its record")
-    run.add_argument("--model", type=Path, required=True, help="a Hugging Face model folder")
-    run.add_argument("--setting", choices=sorted(SETTINGS), required=True)
-    run.add_argument("--out", type=Path, required=True, help="the record (JSON)")
+    engine = argparse.ArgumentParser(add_help=False)  # what run and locate share
+    engine.add_argument("--model", type=Path, required=True, help="a Hugging Face model folder")
+    engine.add_argument("--setting", choices=sorted(SETTINGS), required=True)
+    engine.add_argument("--out", type=Path, required=True, help="the record (JSON)")
+    engine.add_argument("--seed", type=int, default=0, help="the requests' problems and seeds")
+    engine.add_argument("--greedy", action="store_true", help="temperature 0 instead of seeded sampling at T = 1")
+    run = commands.add_parser("run", parents=[engine], help="probe one setting in one engine; write its record")
     run.add_argument("--requests", type=int, default=48)
     run.add_argument("--max-tokens", type=int, default=64)
-    run.add_argument("--seed", type=int, default=0, help="the requests' problems and seeds")
-    run.add_argument("--greedy", action="store_true", help="temperature 0 instead of seeded sampling at T = 1")
     graphs = run.add_mutually_exclusive_group()
     graphs.add_argument("--eager", dest="eager", action="store_true", default=True, help="no CUDA graphs (default)")
     graphs.add_argument("--graphs", dest="eager", action="store_false", help="CUDA graphs and torch.compile")
-    find = commands.add_parser("locate", help="the first module where a request alone parts from a batch of two")
-    find.add_argument("--model", type=Path, required=True, help="a Hugging Face model folder")
-    find.add_argument("--setting", choices=sorted(SETTINGS), required=True)
-    find.add_argument("--out", type=Path, required=True, help="the record (JSON)")
+    find = commands.add_parser(
+        "locate", parents=[engine], help="the first module where a request alone parts from a batch of two"
+    )
     find.add_argument("--requests", type=int, default=8)
     find.add_argument("--max-tokens", type=int, default=16)
-    find.add_argument("--seed", type=int, default=0, help="the requests' problems and seeds")
-    find.add_argument("--greedy", action="store_true", help="temperature 0 instead of seeded sampling at T = 1")
     find.add_argument("--partner", choices=("same", "longer"), default="same",
                       help="the partner's prompt: the request's own (another seed), or a longer one")  # fmt: skip
     find.set_defaults(eager=True)
