@@ -8,14 +8,8 @@
 # (60 s: before step 1 ends, ~120 s after the launch on an H100; why not a later step: stapo.checks.replay's doc.)
 set -euo pipefail
 usage() { sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//'; }
-case "${1:-}" in -h | --help) usage; exit 0 ;; esac
-[ $# -eq 1 ] || [ $# -eq 3 ] || { usage >&2; exit 2; }
-out=$1
 source "$(dirname "$0")/lib.sh"
-take_src "${@:2}"
-PY=${STAPO_PYTHON:-python}
-model="$out/smollm2/raw"
-smollm2 "$model"
+out_and_model "$@"
 [ -f "$out/task/train.parquet" ] || $PY -m stapo.quickstart.task word --difficulty 1 --train 48 --val 8 --out "$out/task"
 exec $PY -m stapo.checks.replay run --model "$model" --data "$out/task" --out "$out/replay" --steps 6 --halt \
   --signal 2 --deadline 60 --twin

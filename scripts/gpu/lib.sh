@@ -6,6 +6,16 @@ take_src() {  # [--src FILE]: sets src=(--src FILE), or src=() without it; anyth
   [ -f "$2" ] || { echo "error: --src $2: no such file" >&2; exit 2; }
   src=(--src "$2")
 }
+out_and_model() {  # "$@" of a script run as `SCRIPT OUT [--src FILE]`: --help (the script's usage), the argument
+  # count, then out=OUT, PY, and SmolLM2-135M converted into model=OUT/smollm2/raw
+  case "${1:-}" in -h | --help) usage; exit 0 ;; esac
+  [ $# -eq 1 ] || [ $# -eq 3 ] || { usage >&2; exit 2; }
+  out=$1
+  take_src "${@:2}"
+  PY=${STAPO_PYTHON:-python}
+  model="$out/smollm2/raw"
+  smollm2 "$model"
+}
 smollm2() {  # FOLDER: SmolLM2-135M-Instruct in FOLDER (python -m stapo.tools.pretrained, from ${src[@]}), once
   [ -f "$1/config.json" ] || $PY -m stapo.tools.pretrained --out "$1" "${src[@]}"
 }

@@ -7,14 +7,8 @@
 # (seeded). OUT/locate: a record and a log each, and table.md.
 set -euo pipefail
 usage() { sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//'; }
-case "${1:-}" in -h | --help) usage; exit 0 ;; esac
-[ $# -eq 1 ] || [ $# -eq 3 ] || { usage >&2; exit 2; }
-out=$1
 source "$(dirname "$0")/lib.sh"
-take_src "${@:2}"
-PY=${STAPO_PYTHON:-python}
-model="$out/smollm2/raw"
-smollm2 "$model"
+out_and_model "$@"
 mkdir -p "$out/locate"
 job() {  # NAME COMMAND SETTING [OPTION ...]: one engine in a process of its own, 15 minutes at most
   timeout 900 $PY -m stapo.checks.batch_invariance "$2" --model "$model" --setting "$3" "${@:4}" \
