@@ -27,3 +27,19 @@ ladder() {  # OUT: the ladder's model, task and warm-up (docs/history.md, sectio
   $PY -m stapo.quickstart.warmup --model "$1/smollm2/raw" --out "$1/smollm2-warm" --steps 300 \
     --exclude "$task/train.parquet" "$task/validation.parquet"
 }
+qwen_shape() {  # OUT TOKENIZER: a random Qwen3-1.7B with TOKENIZER's vocabulary in OUT/model and the word task in
+  # OUT/word, once; sets run=(...), the overrides of a short one-GPU run on them (no validation, checkpoint or resume)
+  [ -f "$2/tokenizer_config.json" ] || { echo "error: $2: no tokenizer_config.json; a tokenizer folder" >&2; exit 2; }
+  mkdir -p "$1"
+  [ -f "$1/model/config.json" ] || $PY -m stapo.checks.scale model --shape qwen3_1.7b --tokenizer "$2" \
+    --out "$1/model" --device cuda
+  [ -f "$1/word/train.parquet" ] || $PY -m stapo.quickstart.task word --out "$1/word" --train 512 --val 32
+  run=(data.train_files="$1/word/train.parquet" data.val_files="$1/word/validation.parquet"
+    actor_rollout_ref.model.path="$1/model" trainer.n_gpus_per_node=1 trainer.val_before_train=False
+    trainer.test_freq=-1 trainer.save_freq=-1 trainer.resume_mode=disable)
+}
+next_run() {  # OUT KIND: sets dir=OUT/KIND-N, N one more than the last KIND-N folder there
+  local n=1
+  while [ -e "$1/$2-$n" ]; do n=$((n + 1)); done
+  dir="$1/$2-$n"
+}

@@ -18,23 +18,15 @@ IFS=, read -ra modes <<< "$order"
 for mode in "${modes[@]}"; do
   case $mode in sync | colocate) ;; *) echo "error: ORDER=$order: a comma list of sync and colocate" >&2; exit 2 ;; esac
 done
-[ -f "$tok/tokenizer_config.json" ] || { echo "error: $tok: no tokenizer_config.json; a tokenizer folder" >&2; exit 2; }
 PY=${STAPO_PYTHON:-python3}
 cd "$(dirname "$0")/../.."
-mkdir -p "$out"
-[ -f "$out/model/config.json" ] || $PY -m stapo.checks.scale model --shape qwen3_1.7b --tokenizer "$tok" \
-  --out "$out/model" --device cuda
-[ -f "$out/word/train.parquet" ] || $PY -m stapo.quickstart.task word --out "$out/word" --train 512 --val 32
-run=(data.train_files="$out/word/train.parquet" data.val_files="$out/word/validation.parquet"
-  actor_rollout_ref.model.path="$out/model" trainer.n_gpus_per_node=1 data.train_batch_size=8
-  actor_rollout_ref.actor.ppo_mini_batch_size=4 data.max_response_length=2048 trainer.total_training_steps=5
-  trainer.val_before_train=False trainer.test_freq=-1 trainer.save_freq=-1 trainer.resume_mode=disable
-  'trainer.logger=["console","file"]')
+source scripts/gpu/lib.sh
+qwen_shape "$out" "$tok"
+run+=(data.train_batch_size=8 actor_rollout_ref.actor.ppo_mini_batch_size=4 data.max_response_length=2048
+  trainer.total_training_steps=5 'trainer.logger=["console","file"]')
 runs=()
 for mode in "${modes[@]}"; do
-  n=1
-  while [ -e "$out/$mode-$n" ]; do n=$((n + 1)); done
-  dir="$out/$mode-$n"
+  next_run "$out" "$mode"
   mkdir -p "$dir"
   runs+=("$dir/metrics.jsonl")
   ray stop --force > /dev/null 2>&1 || true  # a run that failed may leave its cluster, which the next would refuse
@@ -43,6 +35,6 @@ for mode in "${modes[@]}"; do
     trainer.v1.trainer_mode="stapo_${mode/colocate/colocate_async}" trainer.default_local_dir="$dir/checkpoints" \
     > "$dir/train.log" 2>&1 || code=$?
   echo "$code" > "$dir/exit_code"
-  echo "$mode-$n: exit $code"
+  echo "${dir##*/}: exit $code"
 done
 $PY -m stapo.checks.scale summary "${runs[@]}"

@@ -29,13 +29,10 @@ for kind in "${kinds[@]}"; do
   case $kind in warm | warm-off | off | on) ;; imports) [ "$launches" = imports ] || kind=bad ;; *) kind=bad ;; esac
   [ "$kind" != bad ] || { echo "error: $launches: a comma list of warm, warm-off, off and on, or imports alone" >&2; exit 2; }
 done
-[ -f "$tok/tokenizer_config.json" ] || { echo "error: $tok: no tokenizer_config.json; a tokenizer folder" >&2; exit 2; }
 PY=${STAPO_PYTHON:-python3}
 cd "$(dirname "$0")/../.."
-mkdir -p "$out"
-[ -f "$out/model/config.json" ] || $PY -m stapo.checks.scale model --shape qwen3_1.7b --tokenizer "$tok" \
-  --out "$out/model" --device cuda
-[ -f "$out/word/train.parquet" ] || $PY -m stapo.quickstart.task word --out "$out/word" --train 512 --val 32
+source scripts/gpu/lib.sh
+qwen_shape "$out" "$tok"
 if [ "$bytecode" = --compiled ]; then
   found=$($PY -c 'from stapo.train.startup_cuts import package_folders; print(*package_folders(), sep="\n")')
   folders=()
@@ -43,19 +40,15 @@ if [ "$bytecode" = --compiled ]; then
   $PY -m compileall -q -j 0 "$site" stapo "${folders[@]}" ||
     echo "warning: compileall left the files above without bytecode; their first imports compile them" >&2
 fi
-run=(data.train_files="$out/word/train.parquet" data.val_files="$out/word/validation.parquet"
-  actor_rollout_ref.model.path="$out/model" trainer.n_gpus_per_node=1 data.train_batch_size=16
-  actor_rollout_ref.actor.ppo_mini_batch_size=16 data.max_response_length=2048 trainer.total_training_steps=2
-  trainer.val_before_train=False trainer.test_freq=-1 trainer.save_freq=-1 trainer.resume_mode=disable)
+run+=(data.train_batch_size=16 actor_rollout_ref.actor.ppo_mini_batch_size=16 data.max_response_length=2048
+  trainer.total_training_steps=2)
 for kind in "${kinds[@]}"; do
   if [ "$bytecode" = --cold ]; then find "$site" stapo -name __pycache__ -type d -prune -exec rm -rf {} +; fi
   if [ "$kind" = imports ]; then
     $PY -m stapo.checks.startup imports --out "$out/imports.json"
     continue
   fi
-  n=1
-  while [ -e "$out/$kind-$n" ]; do n=$((n + 1)); done
-  dir="$out/$kind-$n"
+  next_run "$out" "$kind"
   ray stop --force >/dev/null 2>&1 || true
   extra=() cuts=all
   case $kind in *off) cuts=none extra=(transfer_queue.backend.SimpleStorage.num_data_storage_units=8) ;; esac
