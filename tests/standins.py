@@ -41,6 +41,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -65,6 +66,23 @@ def calls(call):
         return call(cmd, log, **env)
 
     return with_standins
+
+
+LOGGING_SH = '#!/bin/sh\nprintf "%s\\n" "$*" >> {calls}\n'
+"""A stand-in Python for :func:`run_gpu_script` that only logs its arguments, one call a line."""
+
+
+def run_gpu_script(tmp_path: Path, script: str, program: str, *args) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """``bash scripts/gpu/SCRIPT ARGS`` as a user runs it (a PATH without this environment's), with a stand-in for the
+    Python that needs a GPU: ``program``, a script's text whose ``{python}`` and ``{calls}`` are this interpreter and
+    the file it logs its calls to, as ``STAPO_PYTHON``. The finished process and the logged calls."""
+    calls, python = tmp_path / "calls", tmp_path / "python"
+    python.write_text(program.format(python=sys.executable, calls=str(calls)))
+    python.chmod(0o755)
+    env = {"PATH": "/usr/bin:/bin", "STAPO_PYTHON": str(python), "PYTHONPATH": str(HERE.parents[1])}
+    command = ["bash", str(HERE.parents[1] / "scripts" / "gpu" / script), *map(str, args)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    return done, calls.read_text().splitlines() if calls.exists() else []
 
 
 def write_checkpoint(model: Path, run_dir: Path, step: int, world: int = 1) -> Path:

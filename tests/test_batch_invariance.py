@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+import standins
 
 from stapo.checks import batch_invariance as bi
 
@@ -258,16 +258,10 @@ def test_the_locate_script_runs_the_probe_and_three_locates(tmp_path):
     needs a GPU (it records each command and writes a record): the model converted from --src, the FA3 probe and
     locate for FA3 seeded, greedy and with a longer partner, and TRITON, each with arguments the real parser accepts,
     and the probe's table."""
-    calls, standin = tmp_path / "calls", tmp_path / "python"
-    standin.write_text(LOCATE_STANDIN.format(python=sys.executable, calls=str(calls)))
-    standin.chmod(0o755)
-    script = Path(__file__).parents[1] / "scripts" / "gpu" / "locate.sh"
     out, gguf = tmp_path / "new" / "loc", tmp_path / "sm.gguf"
     gguf.write_bytes(b"GGUF")
-    env = {"PATH": "/usr/bin:/bin", "STAPO_PYTHON": str(standin), "PYTHONPATH": str(Path(__file__).parents[1])}
-    done = subprocess.run(["bash", str(script), str(out), "--src", str(gguf)], env=env, capture_output=True, text=True)
+    done, lines = standins.run_gpu_script(tmp_path, "locate.sh", LOCATE_STANDIN, out, "--src", gguf)
     assert done.returncode == 0, done.stderr
-    lines = calls.read_text().splitlines()
     assert lines[0].startswith(f"-m stapo.tools.pretrained --out {out}/smollm2/raw --src {gguf}")
     jobs = sorted(line.split()[2:] for line in lines if line.split()[2] in ("run", "locate"))
     model = f"{out}/smollm2/raw"
@@ -284,7 +278,7 @@ def test_the_locate_script_runs_the_probe_and_three_locates(tmp_path):
                                capture_output=True, text=True)  # fmt: skip
         assert found.returncode == 2 and "no config.json there" in found.stderr, found.stderr
     assert (out / "locate" / "table.md").read_text().endswith("FLASH_ATTN (FlashAttentionImpl, FlashAttention 3)\n")
-    usage = subprocess.run(["bash", str(script), "--help"], capture_output=True, text=True)
+    usage = standins.run_gpu_script(tmp_path, "locate.sh", "", "--help")[0]
     assert usage.returncode == 0 and "decoded alone" in usage.stdout
 
 

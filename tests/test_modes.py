@@ -3,27 +3,19 @@ with a stand-in for the Python that needs a GPU (it records each call; scripts/t
 configs compose with the recipe's and pass the trainer's checks, in the order asked and alternated by default."""
 
 import shlex
-import subprocess
-from pathlib import Path
 
+import standins
 from hydra import compose, initialize_config_dir
 
 from stapo.config import CONFIG_DIR
 from stapo.train.main import validate
 
-SCRIPT = Path(__file__).parents[1] / "scripts" / "gpu" / "modes.sh"
-
 
 def run_script(tmp_path, *args):
-    calls, standin = tmp_path / "calls", tmp_path / "python"
-    standin.write_text(f'#!/bin/sh\nprintf "%s\\n" "$*" >> {calls}\n')
-    standin.chmod(0o755)
     (tmp_path / "tok").mkdir(exist_ok=True)
     (tmp_path / "tok" / "tokenizer_config.json").write_text("{}")
-    done = subprocess.run(["bash", str(SCRIPT), str(tmp_path / "new" / "out"), str(tmp_path / "tok"), *args],
-                          env={"PATH": "/usr/bin:/bin", "STAPO_PYTHON": str(standin)}, capture_output=True,
-                          text=True)  # fmt: skip
-    return done, calls.read_text().splitlines() if calls.exists() else []
+    out = tmp_path / "new" / "out"
+    return standins.run_gpu_script(tmp_path, "modes.sh", standins.LOGGING_SH, out, tmp_path / "tok", *args)
 
 
 def test_each_mode_runs_twice_alternated_with_a_config_that_passes(tmp_path):
@@ -56,5 +48,5 @@ def test_each_mode_runs_twice_alternated_with_a_config_that_passes(tmp_path):
 def test_bad_arguments_stop_first(tmp_path):
     done, lines = run_script(tmp_path, "sync,async")
     assert done.returncode == 2 and "ORDER=sync,async: a comma list of sync and colocate" in done.stderr and not lines
-    usage = subprocess.run(["bash", str(SCRIPT), "--help"], capture_output=True, text=True)
+    usage = standins.run_gpu_script(tmp_path, "modes.sh", "", "--help")[0]
     assert usage.returncode == 0 and "side by side" in usage.stdout

@@ -170,24 +170,16 @@ def test_the_gpu_script_probes_every_setting_beside_the_replay(tmp_path):
     variables preset), the task, the replay check with arguments its real parser accepts and a config that passes
     the trainer's checks, and the table of the six records."""
     import shlex
-    import subprocess
 
-    calls = tmp_path / "calls"
-    standin = tmp_path / "python"
-    standin.write_text(STANDIN.format(python=sys.executable, calls=str(calls)))
-    standin.chmod(0o755)
-    script = Path(__file__).parents[1] / "scripts" / "gpu" / "determinism.sh"
     out = tmp_path / "new" / "det"
     (out / "smollm2" / "raw").mkdir(parents=True)
     (out / "smollm2" / "raw" / "config.json").write_text("{}")  # converted before: not again
-    env = {"PATH": "/usr/bin:/bin", "STAPO_PYTHON": str(standin), "PYTHONPATH": str(Path(__file__).parents[1])}
-    done = subprocess.run(["bash", str(script), str(out)], env=env, capture_output=True, text=True)
+    done, lines = standins.run_gpu_script(tmp_path, "determinism.sh", STANDIN, out)
     assert done.returncode == 0, done.stderr
-    lines = calls.read_text().splitlines()
     probes = sorted(line.split("--out ")[1].split()[0].rsplit("/", 1)[1] for line in lines if " run --model" in line
                     and "batch_invariance" in line)  # fmt: skip
     assert probes == [f"{name}.json" for name in ("fa2-cublas", "fa2", "fa3-cublas", "fa3", "flex", "triton")]
-    assert "stapo.tools.pretrained" not in calls.read_text()
+    assert "stapo.tools.pretrained" not in "\n".join(lines)
     preset = {line.split("--out ")[1].split()[0].rsplit("/", 1)[1] for line in lines if line.endswith(" (1)")}
     assert preset == {"fa3-cublas.json", "fa2-cublas.json"}
     (replay_line,) = [line for line in lines if line.startswith("-m stapo.checks.replay")]
@@ -196,10 +188,10 @@ def test_the_gpu_script_probes_every_setting_beside_the_replay(tmp_path):
     assert replay.config_problem(args) is None
     assert lines[-1].startswith("-m stapo.checks.batch_invariance table") and lines[-1].count(".json") == 6
     assert (out / "invariance" / "table.md").read_text().count("| again |") == 6
-    assert "-m stapo.quickstart.task word --difficulty 1 --train 48" in calls.read_text()
-    usage = subprocess.run(["bash", str(script), "--help"], capture_output=True, text=True)
+    assert "-m stapo.quickstart.task word --difficulty 1 --train 48" in "\n".join(lines)
+    usage = standins.run_gpu_script(tmp_path, "determinism.sh", "", "--help")[0]
     assert usage.returncode == 0 and "Issue 54 on one GPU" in usage.stdout
-    refused = subprocess.run(["bash", str(script), "x", "--srcx", "y"], capture_output=True, text=True)
+    refused = standins.run_gpu_script(tmp_path, "determinism.sh", "", "x", "--srcx", "y")[0]
     assert refused.returncode == 2 and "unknown option" in refused.stderr
 
 
@@ -209,19 +201,11 @@ def test_the_deadline_script_runs_the_signal_and_deadline_legs(tmp_path):
     s after its launch (no halted legs), arguments its real parser accepts and a config that passes the trainer's
     checks."""
     import shlex
-    import subprocess
 
-    calls = tmp_path / "calls"
-    standin = tmp_path / "python"
-    standin.write_text(STANDIN.format(python=sys.executable, calls=str(calls)))
-    standin.chmod(0o755)
-    script = Path(__file__).parents[1] / "scripts" / "gpu" / "deadline.sh"
     out, gguf = tmp_path / "new" / "dl", tmp_path / "sm.gguf"
     gguf.write_bytes(b"GGUF")
-    env = {"PATH": "/usr/bin:/bin", "STAPO_PYTHON": str(standin), "PYTHONPATH": str(Path(__file__).parents[1])}
-    done = subprocess.run(["bash", str(script), str(out), "--src", str(gguf)], env=env, capture_output=True, text=True)
+    done, lines = standins.run_gpu_script(tmp_path, "deadline.sh", STANDIN, out, "--src", gguf)
     assert done.returncode == 0, done.stderr
-    lines = calls.read_text().splitlines()
     assert lines[0].startswith(f"-m stapo.tools.pretrained --out {out}/smollm2/raw --src {gguf}")
     assert lines[1].startswith(f"-m stapo.quickstart.task word --difficulty 1 --train 48 --val 8 --out {out}/task")
     (model := out / "smollm2" / "raw").mkdir(parents=True)  # what the stand-in did not write
@@ -232,7 +216,7 @@ def test_the_deadline_script_runs_the_signal_and_deadline_legs(tmp_path):
     assert (args.halt, args.signal, args.deadline, args.steps, args.twin) == ([], [2], 60, 6, True)
     assert args.out == out / "replay"
     assert replay.check(args) is None  # the options, every leg's config, the new output folder
-    usage = subprocess.run(["bash", str(script), "--help"], capture_output=True, text=True)
+    usage = standins.run_gpu_script(tmp_path, "deadline.sh", "", "--help")[0]
     assert usage.returncode == 0 and "outlives its job" in usage.stdout
 
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import math
 import shlex
-import subprocess
 from pathlib import Path
 
 import pytest
+import standins
 from verl.utils.tracking import FileLogger
 
 from stapo.quickstart import experiment as ex
@@ -83,16 +83,10 @@ def test_the_pilot_script_runs_the_ladders_model_and_four_justrl_runs(tmp_path):
     """scripts/gpu/selection.sh as printed, from a folder that does not exist yet, with a stand-in for the Python
     that would train (it needs a GPU): the ladder's conversion, task and warm-up, then `experiment run` with
     arguments the real parser accepts and a config that passes the trainer's checks, then the pilot's reading."""
-    calls, standin = tmp_path / "calls", tmp_path / "python"
-    standin.write_text(f'#!/bin/sh\nprintf "%s\\n" "$*" >> {calls}\n')
-    standin.chmod(0o755)
-    script = Path(__file__).parents[1] / "scripts" / "gpu" / "selection.sh"
-    out = tmp_path / "new" / "sel"
-    done = subprocess.run(["bash", str(script), "pilot", str(out), "--src", str(standin)],
-                          env={"PATH": "/usr/bin:/bin", "STAPO_PYTHON": str(standin)}, capture_output=True,
-                          text=True)  # fmt: skip
+    out, src = tmp_path / "new" / "sel", tmp_path / "sm.gguf"
+    src.write_bytes(b"GGUF")
+    done, lines = standins.run_gpu_script(tmp_path, "selection.sh", standins.LOGGING_SH, "pilot", out, "--src", src)
     assert done.returncode == 0, done.stderr
-    lines = calls.read_text().splitlines()
     assert [line.split()[1] for line in lines] == ["stapo.tools.pretrained", "stapo.quickstart.task",
         "stapo.quickstart.warmup", "stapo.quickstart.experiment", "stapo.tools.selection"]  # fmt: skip
     args = ex.build_parser().parse_args(shlex.split(lines[3])[2:])
@@ -100,5 +94,5 @@ def test_the_pilot_script_runs_the_ladders_model_and_four_justrl_runs(tmp_path):
     assert "actor_rollout_ref.rollout.temperature=1.2" in args.overrides
     ex.check_overrides(args)
     assert lines[4] == f"-m stapo.tools.selection pilot {out}/pilot"
-    refused = subprocess.run(["bash", str(script), "block", str(out)], capture_output=True, text=True)
+    refused = standins.run_gpu_script(tmp_path, "selection.sh", "", "block", out)[0]
     assert refused.returncode == 2 and "the one stage is pilot" in refused.stderr
