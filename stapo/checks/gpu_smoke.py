@@ -158,19 +158,15 @@ def overrides(
 def config_problem(methods: Sequence[str], gpus: int, trainer_mode: str, extra: Sequence[str]) -> str | None:
     """Why a run's config with the ``extra`` overrides would not pass the trainer's checks
     (:func:`stapo.train.main.validate`, without files or GPUs), or None."""
-    from hydra import compose, initialize_config_dir
+    from stapo.train.main import config_problem as problem
 
-    from stapo.config import CONFIG_DIR
-    from stapo.train.main import validate
-
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-        for method in methods:
-            args = overrides(method, Path("m"), Path("train.parquet"), gpus, 1, Path("out"), True, trainer_mode, extra)
-            try:
-                validate(compose("stapo" if method.startswith("stapo") else method, args), False, list(extra))
-            except Exception as error:  # Hydra's and the trainer's errors name the key
-                return f"the {method} run's config with the overrides: {error}"
-    return None
+    runs = {
+        method: ("stapo" if method.startswith("stapo") else method,
+                 overrides(method, Path("m"), Path("train.parquet"), gpus, 1, Path("out"), True, trainer_mode, extra))
+        for method in methods
+    }  # fmt: skip
+    found = problem(runs, list(extra))
+    return found and f"the {found[0]} run's config with the overrides: {found[1]}"
 
 
 def rollout_is(extra: Sequence[str]) -> bool:

@@ -209,19 +209,14 @@ def halt(at: int, checkpoints: Path, command: Sequence[str]) -> int:
 def config_problem(args: argparse.Namespace) -> str | None:
     """Why a leg's config would not pass the trainer's checks (:func:`stapo.train.main.validate`, without files or
     GPUs), or None: every leg is the record or the replay leg's config but for the tape and the checkpoints."""
-    from hydra import compose, initialize_config_dir
+    from stapo.train.main import config_problem as problem
 
-    from stapo.config import CONFIG_DIR
-    from stapo.train.main import validate
-
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-        for leg in (Leg("record", "record", "stapo.record_rollouts"), Leg("replay", "replay", "stapo.replay_rollouts")):
-            method, *rest = overrides(leg, args)
-            try:
-                validate(compose(method.split("=", 1)[1], rest), False, args.overrides)
-            except Exception as error:  # Hydra's and the trainer's errors name the key
-                return f"the {leg.name} run's config with the overrides: {error}"
-    return None
+    runs = {}
+    for leg in (Leg("record", "record", "stapo.record_rollouts"), Leg("replay", "replay", "stapo.replay_rollouts")):
+        method, *rest = overrides(leg, args)
+        runs[leg.name] = (method.split("=", 1)[1], rest)
+    found = problem(runs, args.overrides)
+    return found and f"the {found[0]} run's config with the overrides: {found[1]}"
 
 
 def check(args: argparse.Namespace) -> str | None:

@@ -519,10 +519,7 @@ def override_problem(overrides: Sequence[str]) -> str | None:
 def check_overrides(args: argparse.Namespace) -> None:
     """Each method's config composed with the runs' overrides (those after ``--`` included) must pass the trainer's
     checks (:func:`stapo.train.main.validate`, without looking at files or GPUs)."""
-    from hydra import compose, initialize_config_dir
-
-    from stapo.config import CONFIG_DIR
-    from stapo.train.main import validate
+    from stapo.train.main import config_problem
 
     if problem := override_problem(args.overrides):
         raise SystemExit(f"error: {problem}")
@@ -532,12 +529,9 @@ def check_overrides(args: argparse.Namespace) -> None:
             raise SystemExit(f"error: override {override}: {key} is set for each run by {RUN_KEYS[key]}")
     paths = task_paths(args.data or args.out / "data")
     model = args.model or args.out / "warmup"
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-        for method in args.methods:
-            try:
-                validate(compose(method, run_overrides(Run(method, 0), model, paths, args)), False, args.overrides)
-            except Exception as error:  # Hydra's and the trainer's errors name the key
-                raise SystemExit(f"error: --methods {method} with the overrides: {error}") from None
+    runs = {method: (method, run_overrides(Run(method, 0), model, paths, args)) for method in args.methods}
+    if found := config_problem(runs, args.overrides):
+        raise SystemExit(f"error: --methods {found[0]} with the overrides: {found[1]}")
 
 
 def recorded_options(args: argparse.Namespace) -> dict[str, str]:

@@ -64,6 +64,21 @@ def validate(config: DictConfig, environment: bool = True, overrides: Sequence[s
     return stapo
 
 
+def config_problem(runs: dict[str, tuple[str, Sequence[str]]], overrides: Sequence[str]) -> tuple[str, str] | None:
+    """The first of ``runs`` (name -> config name, Hydra overrides) whose composed config would not pass
+    :func:`validate` without looking at files or GPUs, as (name, Hydra's or the check's message), or None. ``overrides``
+    are the user's own, whose ``+KEY`` typos :func:`validate` looks for."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        for name, (config_name, argv) in runs.items():
+            try:
+                validate(compose(config_name, list(argv)), False, overrides)
+            except Exception as error:  # Hydra's and the trainer's errors name the key
+                return name, str(error)
+    return None
+
+
 FORWARDED_ENV = ("VERL_FILE_LOGGER_PATH", "STAPO_AUDIT_DIR")
 """Paths set in the launching shell that verl's processes read: Ray hands a job's processes the environment of the
 cluster they run in, not the driver's, so on a cluster given by ``RAY_ADDRESS`` (scripts/slurm.sbatch) they would
