@@ -61,7 +61,7 @@ from stapo.checks.reproduce import to_markdown
 from stapo.checks.startup import command_problem
 from stapo.quickstart.experiment import KV_CACHE_BYTES, TRAINER, override_problem, state_digest
 from stapo.quickstart.tiny import replace_overrides, tiny_run_overrides
-from stapo.tools.curves import compare, every_key, parting, read_metrics
+from stapo.tools.curves import compare, every_key, gradient_steps, parting, read_metrics
 from stapo.tools.io import hold_folder, new_folder_problem, output_problem, write_atomic
 from stapo.train.clusters import launch
 
@@ -120,7 +120,7 @@ gradient moves a weight, and equal runs would show nothing of the update or of a
 def weights_moved(metrics: Path) -> bool:
     """Whether the run of ``metrics`` had a nonzero ``actor/grad_norm`` at some step: otherwise only the weight decay
     changed its weights, and runs equal to it show nothing of the update."""
-    return any(value != 0 for value in read_metrics(metrics).get("actor/grad_norm", {}).values())
+    return gradient_steps(metrics)[0] > 0
 
 
 def weights_digest(checkpoints: Path, step: int) -> str | None:

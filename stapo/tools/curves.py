@@ -179,6 +179,14 @@ def read_runs(folder: Path) -> dict[str, dict[int, dict[str, dict[int, float]]]]
     return runs
 
 
+def gradient_steps(metrics: Path) -> tuple[int, int]:
+    """Of a run's steps (its ``metrics``), how many had a nonzero ``actor/grad_norm``, and how many logged it: a run
+    whose gradients were all 0 changed its weights by the weight decay alone, and runs equal to it show nothing of the
+    update or of a resumed optimizer."""
+    norms = read_metrics(metrics).get("actor/grad_norm", {})
+    return sum(value != 0 for value in norms.values()), len(norms)
+
+
 def mean_over(series: dict[int, float], steps: Sequence[int]) -> float:
     """Mean of a metric over the ``steps`` it logged a number at (NaN if none)."""
     values = [series[s] for s in steps if s in series and not math.isnan(series[s])]

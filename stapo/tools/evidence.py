@@ -38,6 +38,7 @@ from stapo.tools.curves import (
     compare,
     every_key,
     figure_data,
+    gradient_steps,
     mean_over,
     parting,
     plot_runs,
@@ -238,13 +239,12 @@ def markdown_block(root: Path, name: str, path: str) -> str:
 
 def update_line(metrics: Path, run: str) -> str:
     """Whether the updates of ``run`` (its ``metrics``) moved its weights: equal runs show the update and a resumed
-    optimizer only when its ``actor/grad_norm`` was nonzero (:func:`stapo.checks.replay.weights_moved`)."""
-    norms = read_metrics(metrics).get("actor/grad_norm", {})
-    moved = sum(value != 0 for value in norms.values())
+    optimizer only when its ``actor/grad_norm`` was nonzero (:func:`stapo.tools.curves.gradient_steps`)."""
+    moved, steps = gradient_steps(metrics)
     if moved:
-        return f"The `{run}` run's `actor/grad_norm` was nonzero at {moved} of its {len(norms)} steps."
+        return f"The `{run}` run's `actor/grad_norm` was nonzero at {moved} of its {steps} steps."
     return (
-        f"**The `{run}` run's `actor/grad_norm` was 0 at all {len(norms)} steps**: every reward of a group was the "
+        f"**The `{run}` run's `actor/grad_norm` was 0 at all {steps} steps**: every reward of a group was the "
         "same, every advantage 0, and only the weight decay changed the weights. The runs' equality shows the forward "
         "passes, the data order and where a resumed run goes on; it does not show the update or a resumed optimizer."
     )
