@@ -72,8 +72,13 @@ def endpoint(reward: dict[int, float]) -> Endpoint:
     missing = [s for s in range(1, STEPS + 1) if s not in reward]
     if missing:
         raise ValueError(f"the reward is missing at steps {missing[:3]}{'...' if len(missing) > 3 else ''}")
-    windows = [statistics.fmean(reward[s] for s in range(a, a + WINDOW)) for a in range(1, STEPS - WINDOW + 2)]
-    return Endpoint(peak=max(windows), last=statistics.fmean(reward[s] for s in LAST))
+    return Endpoint(peak=max(windows([reward[s] for s in range(1, STEPS + 1)])),
+                    last=statistics.fmean(reward[s] for s in LAST))  # fmt: skip
+
+
+def windows(values: Sequence[float]) -> list[float]:
+    """The means of every :data:`WINDOW` consecutive values."""
+    return [statistics.fmean(values[i : i + WINDOW]) for i in range(len(values) - WINDOW + 1)]
 
 
 Round = dict[str, dict[int, Endpoint]]

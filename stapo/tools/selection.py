@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from stapo.tools.curves import VALIDATION, ReportError, read_runs, rows_markdown
-from stapo.tools.decisive import WINDOW, Endpoint, t_sf
+from stapo.tools.decisive import WINDOW, Endpoint, t_sf, windows
 from stapo.tools.io import write_atomic
 
 DRIFT_NATS = 0.5
@@ -56,8 +56,8 @@ def fall(reward: dict[int, float]) -> Endpoint:
     steps = sorted(reward)
     if len(steps) < WINDOW:
         raise ReportError(f"{len(steps)} steps logged; the reward's fall needs {WINDOW}")
-    windows = [statistics.fmean(reward[s] for s in steps[i : i + WINDOW]) for i in range(len(steps) - WINDOW + 1)]
-    return Endpoint(peak=max(windows), last=windows[-1])
+    means = windows([reward[s] for s in steps])
+    return Endpoint(peak=max(means), last=means[-1])
 
 
 def accuracy(metrics: dict[str, dict[int, float]]) -> dict[int, float]:
