@@ -35,6 +35,9 @@ def test_each_mode_runs_twice_alternated_with_a_config_that_passes(tmp_path):
         assert config.actor_rollout_ref.model.path == f"{out}/model" and config.trainer.total_training_steps == 5
         assert list(config.trainer.logger) == ["console", "file"]
     assert modes == ["stapo_sync", "stapo_colocate_async", "stapo_colocate_async", "stapo_sync"]
+    for argv, d in zip(trains, ("sync-1", "colocate-1", "colocate-2", "sync-2")):  # what the cost model composes
+        args = (out / d / "args.txt").read_text().splitlines()  # as passed; the stand-in's log lost the quotes
+        assert [a.replace('"', "") for a in args] == [argv[2].split("=")[1], argv[3].split("=")[1], *argv[4:]]
     assert [(out / d / "exit_code").read_text() for d in ("sync-1", "colocate-1", "colocate-2", "sync-2")] == [
         "0\n"
     ] * 4

@@ -2,15 +2,16 @@
 # The trainer modes' speed side by side at the Qwen3-1.7B shape on one GPU (docs/trainer-modes.md):
 #   bash scripts/gpu/modes.sh OUT TOKENIZER [ORDER]
 # TOKENIZER: a tokenizer folder with Qwen's vocabulary (stapo.quickstart.tiny.build_qwen_tokenizer). OUT gets a random
-# model of the shape, the word task and a folder per run, MODE-N for the N-th run of MODE, with its train.log,
-# metrics.jsonl and exit_code. ORDER: a comma list of sync and colocate, default sync,colocate,colocate,sync (each mode
-# twice, alternated). Each run: STAPO, 8 prompts x 8 responses of up to 2,048 tokens (a random model writes to the
-# limit), two PPO mini-batches, 5 steps; on one GPU, vLLM and the actor share it in both modes (colocate_async overlaps
-# them in time only). Then the per-step summary of every run (python -m stapo.checks.scale summary).
+# model of the shape, the word task and a folder per run, MODE-N for the N-th run of MODE, with its args.txt (the
+# arguments of scripts/train.sh, one a line), train.log, metrics.jsonl and exit_code. ORDER: a comma list of sync and
+# colocate, default sync,colocate,colocate,sync (each mode twice, alternated). Each run: STAPO, 8 prompts x 8
+# responses of up to 2,048 tokens (a random model writes to the limit), two PPO mini-batches, 5 steps; on one GPU,
+# vLLM and the actor share it in both modes (colocate_async overlaps them in time only). Then the per-step summary of
+# every run (python -m stapo.checks.scale summary).
 # Runs take minutes each: run the script detached (setsid ... &) and poll OUT. It stops every Ray cluster on the
 # machine before each run (`ray stop --force`): run it alone, as a speed measurement must be anyway.
 set -euo pipefail
-usage() { sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; }
 case "${1:-}" in -h | --help) usage; exit 0 ;; esac
 [ $# -eq 2 ] || [ $# -eq 3 ] || { usage >&2; exit 2; }
 out=$(realpath -m "$1") tok=$(realpath -m "$2") order=${3:-sync,colocate,colocate,sync}
@@ -30,9 +31,11 @@ for mode in "${modes[@]}"; do
   mkdir -p "$dir"
   runs+=("$dir/metrics.jsonl")
   ray stop --force > /dev/null 2>&1 || true  # a run that failed may leave its cluster, which the next would refuse
+  args=(stapo qwen3_1.7b "${run[@]}" trainer.v1.trainer_mode="stapo_${mode/colocate/colocate_async}"
+    trainer.default_local_dir="$dir/checkpoints")
+  printf '%s\n' "${args[@]}" > "$dir/args.txt"  # what the run was: python -m stapo.tools.cost measure composes it
   code=0
-  VERL_FILE_LOGGER_PATH="$dir/metrics.jsonl" PYTHON=$PY timeout 1500 bash scripts/train.sh stapo qwen3_1.7b "${run[@]}" \
-    trainer.v1.trainer_mode="stapo_${mode/colocate/colocate_async}" trainer.default_local_dir="$dir/checkpoints" \
+  VERL_FILE_LOGGER_PATH="$dir/metrics.jsonl" PYTHON=$PY timeout 1500 bash scripts/train.sh "${args[@]}" \
     > "$dir/train.log" 2>&1 || code=$?
   echo "$code" > "$dir/exit_code"
   echo "${dir##*/}: exit $code"
