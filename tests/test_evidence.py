@@ -89,11 +89,13 @@ def test_collect_keeps_the_small_records_of_an_experiment(tmp_path):
     (tmp_path / "exp/experiment.json").write_text('{"seed": "0"}\n')
     (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "data": {"critic/score/mean": 0.5}}) + "\n")
     (run / "exit_code").write_text("0\n")
+    (run / "args.txt").write_text("stapo\nqwen3_1.7b\n")
     (run / "train.log").write_text("".join(f"line {i}\n" for i in range(500)))
     written = evidence.collect(tmp_path / "exp", tmp_path / "rec")
     names = sorted(str(p.relative_to(tmp_path / "rec")) for p in written)
-    assert names == ["experiment.json", "runs/stapo-s10/exit_code", "runs/stapo-s10/metrics.jsonl.gz",
-                     "runs/stapo-s10/train.log.tail"]  # fmt: skip
+    assert names == ["experiment.json", "runs/stapo-s10/args.txt", "runs/stapo-s10/exit_code",
+                     "runs/stapo-s10/metrics.jsonl.gz", "runs/stapo-s10/train.log.tail"]  # fmt: skip
+    assert (tmp_path / "rec/runs/stapo-s10/args.txt").read_text() == "stapo\nqwen3_1.7b\n"
     tail = (tmp_path / "rec/runs/stapo-s10/train.log.tail").read_text().splitlines()
     assert len(tail) == evidence.LOG_TAIL and tail[-1] == "line 499"
     assert (

@@ -99,7 +99,10 @@ ENTRIES = {
     "stapo.tools.pretrained": Entry(
         ("--out", "{W}/smollm2", "--src", "{A}/small.gguf"), work=("stapo.tools.pretrained:convert",)
     ),
-    "stapo.tools.cost fit": Entry(("fit",), work=("stapo.tools.cost:fit_report",)),
+    "stapo.tools.cost measure": Entry(
+        ("measure", "--evidence", "{A}/repo", "--out", "{W}/measured.json"), work=("stapo.tools.cost:measure",)
+    ),
+    "stapo.tools.cost fit": Entry(("fit",), work=("stapo.tools.cost:fitted",)),
     "stapo.tools.cost project": Entry(("project", "--size", "qwen3_1.7b"), work=("stapo.tools.cost:project",)),
     "stapo.tools.cost table": Entry(("table",), work=("stapo.tools.cost:table",)),
     "stapo.quickstart.task": Entry(("word", "--out", "{W}/task", "--train", "20", "--val", "5")),

@@ -1,5 +1,6 @@
 """What a reproduction costs: a step-time model fitted to the recipe's measured steps, projected to the paper's runs.
 
+    python -m stapo.tools.cost measure [--evidence evidence] [--check]
     python -m stapo.tools.cost fit
     python -m stapo.tools.cost project --size qwen3_8b --nodes 2 [--gpu h100 --gpus-per-node 8 --method stapo
         --steps 3000 --prompts 256 --n 8 --prompt-length 200 --length-start 1000 --length-end 6000 --max-length 15360]
@@ -7,7 +8,8 @@
     python -m stapo.tools.cost table [--nodes 1 2 4]
 
 A step is four stages (verl's ``timing_s``), each with a small physical model and one or two constants fitted to the
-steps in ``measured_steps.json`` (docs/scale.md):
+steps of the project's records (``measured_steps.json``, generated from ``evidence/`` by ``cost measure``: each run
+folder there with its ``scripts/train.sh`` arguments in ``args.txt``; docs/scale.md):
 
 * **generation** (vLLM, memory-bound decoding): each rollout engine of ``tp`` GPUs decodes its share of B responses
   of mean length L after prompts of P tokens. A decode step reads the weights once, ``k_w · weights / (tp · BW)``,
@@ -21,8 +23,11 @@ steps in ``measured_steps.json`` (docs/scale.md):
 
 verl's asynchronous trainers overlap these stages (:func:`mode_seconds`, docs/trainer-modes.md): ``colocate_async``
 generates each batch together with the next, ``separate_async`` generates on GPUs of its own while the rest train.
-Their steps measured with ``sync`` on one host a lease (``modes`` in ``measured_steps.json``) are not fitted: ``fit``
-shows the model's step against each.
+Their measured steps are not fitted: ``fit`` shows the model's step against each.
+
+A constant the records cannot tell apart is not fitted apart: runs of one shape give one generation factor for both
+reads, runs of one size a flat MFU and ``other``; ``project`` and ``table`` answer only for sizes between the records'
+smallest and largest (more GPUs or another GPU kind than measured are projected from the same constants).
 
 GRPO adds a reference-policy forward (as long as the old log-probs); STAPO and 20-Entropy add the driver's mask at
 paper scale (0.2 s: docs/history.md). ``fit`` prints every measured stage next to the model's value; ``project``
@@ -43,7 +48,7 @@ from types import MappingProxyType
 import numpy as np
 
 from stapo.config import CONFIG_DIR, QWEN3_SHAPES, TRAINER_MODES, methods, sizes
-from stapo.tools.io import number_problems
+from stapo.tools.io import number_problems, output_problem, write_atomic
 
 MEASURED = Path(__file__).with_name("measured_steps.json")
 GPUS = {  # datasheet: HBM bandwidth (B/s), memory (bytes), dense bf16 (FLOP/s, verl's FlopsCounter table)
@@ -51,8 +56,9 @@ GPUS = {  # datasheet: HBM bandwidth (B/s), memory (bytes), dense bf16 (FLOP/s, 
     "h200": {"bandwidth": 4.8e12, "memory": 141e9, "peak": 989e12},
 }
 STAGES = ("generation", "old_log_prob", "update", "other")
-MASK_S = 0.2
-"""The driver's mask, fold and restore for a paper-scale batch (docs/history.md: 49-85 ms + 156 ms)."""
+TIMINGS = {"generation": "timing_s/gen", "old_log_prob": "timing_s/old_log_prob", "update": "timing_s/update_actor",
+           "step": "timing_s/step", "mask": ("timing_s/stapo_mask", "timing_s/stapo_restore")}  # fmt: skip
+"""verl 0.9.1's step timers a row of ``measured_steps.json`` averages, and the driver's mask (inside the update)."""
 MODES = tuple(TRAINER_MODES.values())
 """verl 0.9.1's trainer modes that the recipe's ``trainer.v1.trainer_mode`` values extend: sync first."""
 
@@ -132,6 +138,8 @@ class Fit:
     k_kv: float
     mfu: dict  # stage -> (a, b): MFU = a + b · ln(parameters / 1e9)
     other: tuple[float, float]  # seconds = c0 + c1 · parameters / 1e9
+    mask: float  # the driver's mask and restore, seconds a step (inside verl's update timer)
+    sizes: tuple[str, ...]  # the sizes of the records fitted: projections stay between their smallest and largest
 
     def stage_seconds(self, shape: Shape) -> dict[str, float]:
         weights, kv = generation_terms(shape)
@@ -144,17 +152,98 @@ class Fit:
         seconds["other"] = self.other[0] + self.other[1] * billions
         return seconds
 
+    def covers(self, size: str) -> bool:
+        """Whether ``size`` lies between the smallest and the largest model the fit has records of."""
+        counts = [model_facts(s)["parameters"] for s in self.sizes]
+        return min(counts) <= model_facts(size)["parameters"] <= max(counts)
 
-def load_measured(path: Path = MEASURED) -> list[tuple[Shape, dict]]:
-    """The measured steps: their shapes and the seconds of each stage (``other`` = step − the three stages)."""
-    rows = json.loads(path.read_text())["steps"]
+
+class NoRecord(ValueError):
+    """What the cost model is asked has no record to rest on: no measured steps, or a size outside them."""
+
+
+def gpu_kind(name: str) -> str:
+    """The :data:`GPUS` key of a card's GPU name (``NVIDIA H100 80GB HBM3`` -> ``h100``)."""
+    found = [kind for kind in GPUS if kind in name.lower().replace(" ", "")]
+    if len(found) != 1:
+        raise NoRecord(f"GPU {name!r}: the cost model knows {', '.join(GPUS)}")
+    return found[0]
+
+
+def run_row(folder: Path, card: dict, evidence: Path) -> dict:
+    """A row of ``measured_steps.json`` from one run folder of a record: the shape from the config its ``args.txt``
+    composes (``scripts/train.sh`` METHOD SIZE OVERRIDES..., one a line), the GPU from the record's card, the lengths
+    and every stage's seconds averaged over the steps after the first (the first pays first use; an asynchronous
+    mode's mean over whole cycles is what compares)."""
+    from hydra import compose, initialize_config_dir
+
+    from stapo.tools.curves import mean_over, read_metrics
+
+    method, size, *overrides = (folder / "args.txt").read_text().splitlines()
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        config = compose(method, [f"size={size}", *overrides])
+    rollout = config.actor_rollout_ref.rollout
+    metrics = read_metrics(folder / "metrics.jsonl.gz")
+    steps = sorted(metrics.get(TIMINGS["step"], {}))[1:]
+    if not steps:
+        raise NoRecord(f"{folder}: fewer than two steps logged; nothing to average")
+    gpu, gpus = gpu_kind(card["gpu"]), int(config.trainer.nnodes * config.trainer.n_gpus_per_node)
+    response = mean_over(metrics["response_length/mean"], steps)
+    seconds = {
+        f"{stage}_s": round(mean_over(metrics[key], steps), 3) for stage, key in TIMINGS.items() if stage != "mask"
+    }
+    masks = [metrics[key] for key in TIMINGS["mask"] if key in metrics]
+    seconds["mask_s"] = round(sum(mean_over(m, steps) for m in masks), 3) if masks else 0.0
+    return {
+        "name": f"{size}, {gpus} x {gpu.upper()}, {config.data.train_batch_size * rollout.n} x {response:,.0f}",
+        "mode": TRAINER_MODES[config.trainer.v1.trainer_mode], "method": config.recipe.method,
+        "size": size, "gpu": gpu, "gpus": gpus, "tp": int(rollout.tensor_model_parallel_size),
+        "gpu_memory_utilization": float(rollout.gpu_memory_utilization),
+        "responses": int(config.data.train_batch_size * rollout.n),
+        "prompt_length": round(mean_over(metrics["prompt_length/mean"], steps), 1),
+        "response_length": round(response, 1),
+        "max_response_length": round(mean_over(metrics["response_length/max"], steps), 1),
+        **seconds, "steps": f"{steps[0]}-{steps[-1]}", "record": folder.relative_to(evidence).as_posix(),
+    }  # fmt: skip
+
+
+def measure(evidence: Path) -> dict:
+    """``measured_steps.json`` from the records in ``evidence``: a row per run folder with ``args.txt`` and exit code 0
+    below a record's ``card.json``, at a Qwen3 shape (the model knows no other)."""
+    rows = []
+    for card in sorted(evidence.glob("*/card.json")):
+        for args in sorted(card.parent.rglob("args.txt")):
+            code, size = args.parent / "exit_code", args.read_text().splitlines()[1:2]
+            if code.is_file() and code.read_text().strip() == "0" and size and size[0] in QWEN3_SHAPES:
+                rows.append(run_row(args.parent, json.loads(card.read_text()), evidence))
+    about = (
+        "Generated by `python -m stapo.tools.cost measure` from the records in evidence/ (each row's `record`); do "
+        "not edit. Seconds a step, averaged over each run's steps after the first; `mask_s`: the driver's mask and "
+        "restore, inside `update_s`. The cost model fits the `sync` rows and shows the others against it."
+    )
+    return {"about": about, "runs": rows}
+
+
+def load_runs(path: Path | None = None) -> list[tuple[Shape, dict]]:
+    """Every measured run: its shape and its row; the stages' seconds as the model splits them (``update`` without
+    the driver's mask, which :func:`step_seconds` adds for the methods that mask; ``other``: step − the three)."""
     out = []
-    for row in rows:
-        shape = row_shape(row)
-        seconds = {stage: row[f"{stage}_s"] for stage in STAGES[:3]}
-        seconds["other"] = row["step_s"] - sum(seconds.values())
-        out.append((shape, {**seconds, "step": row["step_s"], "name": row["name"]}))
+    for row in json.loads((path or MEASURED).read_text())["runs"]:
+        seconds = {"generation": row["generation_s"], "old_log_prob": row["old_log_prob_s"],
+                   "update": row["update_s"] - row["mask_s"]}  # fmt: skip
+        seconds["other"] = row["step_s"] - row["mask_s"] - sum(seconds.values())
+        out.append((row_shape(row), {**row, **seconds, "step": row["step_s"]}))
     return out
+
+
+def load_measured(path: Path | None = None) -> list[tuple[Shape, dict]]:
+    """The runs the model is fitted to: those of verl's synchronous trainer."""
+    return [(shape, row) for shape, row in load_runs(path) if row["mode"] == "sync"]
+
+
+def load_modes(path: Path | None = None) -> list[tuple[Shape, dict]]:
+    """The runs of verl's asynchronous trainers, not fitted (``fit`` shows the model's step against each)."""
+    return [(shape, row) for shape, row in load_runs(path) if row["mode"] != "sync"]
 
 
 def row_shape(row: dict) -> Shape:
@@ -162,26 +251,35 @@ def row_shape(row: dict) -> Shape:
     return Shape(**{k: row[k] for k in Shape.__dataclass_fields__ if k in row})
 
 
-def load_modes(path: Path = MEASURED) -> list[tuple[Shape, dict]]:
-    """The steps measured in each trainer mode on one host: shape, mode, step seconds, name."""
-    return [(row_shape(row), row) for row in json.loads(path.read_text())["modes"]]
+def _line(x: list[float], y: list[float]) -> tuple[float, float]:
+    """(intercept, slope) of the least-squares line, flat (the mean) where ``x`` has one value only."""
+    if len(set(x)) < 2:
+        return float(np.mean(y)), 0.0
+    slope, intercept = np.polyfit(x, y, 1)
+    return float(intercept), float(slope)
 
 
 def fit(measured: list[tuple[Shape, dict]]) -> Fit:
-    """Least squares: the two generation factors on relative error, the MFU lines on the MFUs the measured times
-    imply, the ``other`` line on seconds."""
+    """Least squares: the two generation factors on relative error (one factor for both where the runs' two terms
+    are proportional, as in runs of one shape), the MFU lines on the MFUs the measured times imply, the ``other`` line
+    on seconds, the mask as the mean of the runs that mask."""
+    if not measured:
+        raise NoRecord("no measured steps of verl's synchronous trainer")
     terms = np.array([generation_terms(s) for s, _ in measured])
-    target = np.array([m["generation"] for _, m in measured])
-    k_w, k_kv = np.linalg.lstsq(terms / target[:, None], np.ones(len(target)), rcond=None)[0]
-    logs = np.array([math.log(model_facts(s.size)["parameters"] / 1e9) for s, _ in measured])
+    relative = terms / np.array([m["generation"] for _, m in measured])[:, None]
+    if np.linalg.matrix_rank(relative, tol=1e-6 * np.abs(relative).max()) < 2:
+        k_w = k_kv = float(np.mean(1 / relative.sum(axis=1)))
+    else:
+        k_w, k_kv = (float(k) for k in np.linalg.lstsq(relative, np.ones(len(relative)), rcond=None)[0])
+    billions = [model_facts(s.size)["parameters"] / 1e9 for s, _ in measured]
     mfu = {}
     for stage, share in (("old_log_prob", 1 / 3), ("update", 1.0)):
         implied = [share * train_flops(s) / (s.gpus * GPUS[s.gpu]["peak"] * m[stage]) for s, m in measured]
-        b, a = np.polyfit(logs, implied, 1)
-        mfu[stage] = (float(a), float(b))
-    billions = [model_facts(s.size)["parameters"] / 1e9 for s, _ in measured]
-    c1, c0 = np.polyfit(billions, [m["other"] for _, m in measured], 1)
-    return Fit(float(k_w), float(k_kv), mfu, (float(c0), float(c1)))
+        mfu[stage] = _line([math.log(b) for b in billions], implied)
+    masks = [m["mask_s"] for _, m in measured if m["mask_s"] > 0]
+    sizes = sorted({s.size for s, _ in measured}, key=lambda size: model_facts(size)["parameters"])
+    other = _line(billions, [m["other"] for _, m in measured])
+    return Fit(k_w, k_kv, mfu, other, float(np.mean(masks)) if masks else 0.0, tuple(sizes))
 
 
 @functools.cache
@@ -195,7 +293,7 @@ def step_seconds(fit_: Fit, shape: Shape, method: str) -> dict[str, float]:
     if method == "grpo":
         seconds["old_log_prob"] *= 2  # the reference policy's forward, as long as the old policy's
     if method not in ("justrl", "grpo"):
-        seconds["other"] += MASK_S
+        seconds["update"] += fit_.mask
     return seconds
 
 
@@ -263,6 +361,8 @@ def project(
     """Hours, GPU-hours and stage shares of a run in trainer ``mode`` whose mean response length grows linearly over
     its steps (the step time averaged over ``samples`` points of the run)."""
     fit_ = fitted()
+    if not fit_.covers(size):
+        raise NoRecord(f"{size}: no record at or beyond this size (records: {', '.join(fit_.sizes)})")
     lengths = np.linspace(args.length_start, args.length_end, samples)
     shapes = [size_shape(size, nodes, args.gpus_per_node, args.gpu, args.prompts, args.n, args.prompt_length,
                          float(length), max(args.max_length, float(length))) for length in lengths]  # fmt: skip
@@ -284,36 +384,36 @@ def project(
 
 
 def fit_report(fit_: Fit) -> str:
-    """The fitted constants, and each measured stage against the model fitted to all steps (in-sample) and to the
-    other steps only (leave one out: how far the model is from a run it has not seen)."""
+    """The fitted constants, and each measured stage against the model fitted to all runs (in-sample) and to the
+    other runs only (leave one out: how far the model is from a run it has not seen; where there are two or more);
+    then each asynchronous run's step against the model's."""
     measured = load_measured()
-    held_out = [fit(measured[:i] + measured[i + 1 :]) for i in range(len(measured))]
+    held_out = [fit(measured[:i] + measured[i + 1 :]) if len(measured) > 1 else None for i in range(len(measured))]
     lines = [
+        f"Fitted to {len(measured)} run(s) of verl's synchronous trainer, sizes {', '.join(fit_.sizes)} "
+        f"({MEASURED.name}, generated from evidence/ by `cost measure`).",
         f"generation: k_w {fit_.k_w:.3f}, k_kv {fit_.k_kv:.3f} (times the datasheet-bandwidth bound); MFU "
         + ", ".join(f"{stage} {a:.3f} + {b:.3f}·ln(B params)" for stage, (a, b) in fit_.mfu.items())
-        + f"; other {fit_.other[0]:.2f} s + {fit_.other[1]:.3f} s per B params",
-        "| step | stage | measured (s) | model (s) | error | model without this step (s) | error |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        + f"; other {fit_.other[0]:.2f} s + {fit_.other[1]:.3f} s per B params; the driver's mask {fit_.mask:.3f} s",
+        "| run | record | stage | measured (s) | model (s) | error | model without this run (s) | error |",
+        "|---|---|---|---:|---:|---:|---:|---:|",
     ]
     for (shape, seconds), other in zip(measured, held_out):
-        models = [f.stage_seconds(shape) for f in (fit_, other)]
-        for model in models:
-            model["step"] = sum(model.values())
+        models = [f.stage_seconds(shape) if f else None for f in (fit_, other)]
+        for model in filter(None, models):
+            model["step"] = sum(model.values()) + seconds["mask_s"]
         for stage in (*STAGES, "step"):
-            cells = " | ".join(f"{m[stage]:.1f} | {(m[stage] - seconds[stage]) / seconds[stage]:+.0%}" for m in models)
-            lines.append(f"| {seconds['name']} | {stage} | {seconds[stage]:.1f} | {cells} |")
-    lines += [
-        "",
-        "Trainer modes, measured beside sync on one host a lease (not fitted):",
-        "| step | mode | measured (s) | model (s) | error |",
-        "|---|---|---:|---:|---:|",
-    ]
+            cells = " | ".join(
+                f"{m[stage]:.1f} | {(m[stage] - seconds[stage]) / seconds[stage]:+.0%}" if m else "– | –"
+                for m in models
+            )
+            lines.append(f"| {seconds['name']} | {seconds['record']} | {stage} | {seconds[stage]:.1f} | {cells} |")
+    lines += ["", "verl's asynchronous trainers, measured (not fitted):"]
+    lines += ["| run | record | mode | measured (s) | model (s) | error |", "|---|---|---|---:|---:|---:|"]
     for shape, row in load_modes():
         model = sum(mode_seconds(fit_, shape, row["method"], row["mode"]).values())
-        lines.append(
-            f"| {row['name']} | {row['mode']} | {row['step_s']:.1f} | {model:.1f} | "
-            f"{(model - row['step_s']) / row['step_s']:+.0%} |"
-        )
+        lines.append(f"| {row['name']} | {row['record']} | {row['mode']} | {row['step_s']:.1f} | {model:.1f} | "
+                     f"{(model - row['step_s']) / row['step_s']:+.0%} |")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -329,9 +429,12 @@ def mode_hours(args: argparse.Namespace, size: str, nodes: int, mode: str) -> st
 def table(args: argparse.Namespace) -> str:
     """Rows: size × nodes; hours of each method of the paper's main table, and STAPO's step, GPU-hours and stages."""
     order = ("grpo", "entropy20", "justrl", "stapo")
+    fit_ = fitted()
+    measured = sorted({(s.gpu, s.gpus) for s, _ in load_measured()})
     lines = [
-        "A projection, not evidence: the step model's inputs were measured before this project kept records "
-        "(docs/scale.md); check it against a run of your own (cost fit).",
+        f"A projection from records: the step model is fitted to runs of {', '.join(fit_.sizes)} on "
+        + ", ".join(f"{gpus} x {gpu.upper()}" for gpu, gpus in measured)
+        + " (cost fit); other GPU counts and kinds are projected, not measured.",
         f"{args.steps} steps × {args.prompts} prompts × {args.n}; mean response {args.length_start:g} → "
         f"{args.length_end:g} tokens, longest {args.max_length:g} every step, prompts {args.prompt_length:g}; "
         f"{args.gpus_per_node} × {args.gpu.upper()} a node",
@@ -339,7 +442,7 @@ def table(args: argparse.Namespace) -> str:
         "| share of STAPO's step: generation | old log-probs | update | STAPO hours: colocate_async | separate_async |",
         "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for size in qwen3_sizes():
+    for size in filter(fit_.covers, qwen3_sizes()):
         for nodes in args.nodes:
             runs = {method: project(args, size, nodes, method) for method in order}
             stapo = runs["stapo"]
@@ -350,12 +453,20 @@ def table(args: argparse.Namespace) -> str:
                 f"| {size} | {nodes} | {stapo['step_s_first']:.0f} → {stapo['step_s_last']:.0f} | {hours} | "
                 f"{stapo['gpu_hours']:,.0f} | {shares} | {modes} |"
             )
+    missing = [size for size in qwen3_sizes() if not fit_.covers(size)]
+    if missing:
+        lines.append(f"Not projected: {', '.join(missing)}, no record at or beyond these sizes (docs/scale.md says how "
+                     "to add one).")  # fmt: skip
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m stapo.tools.cost", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
+    measure_ = commands.add_parser("measure", help=f"write {MEASURED.name} from the records in --evidence")
+    measure_.add_argument("--evidence", type=Path, default=Path("evidence"), help="the records' folder")
+    measure_.add_argument("--out", type=Path, default=None, help=f"default: {MEASURED} (the package's)")
+    measure_.add_argument("--check", action="store_true", help="write nothing; exit 1 if --out differs")
     commands.add_parser("fit", help="the measured steps against the fitted model")
     project_ = commands.add_parser("project", help="one run: step time, hours, GPU-hours, stage shares")
     table_ = commands.add_parser("table", help="every method and size of the paper's main table")
@@ -375,6 +486,30 @@ def main(argv: list[str] | None = None) -> None:
         command.add_argument("--length-end", type=float, default=6000, help="mean response tokens at the last step")
         command.add_argument("--max-length", type=float, default=15360, help="longest response a step (paper: 15,360)")
     args = parser.parse_args(argv)
+    try:
+        run(parser, args)
+    except NoRecord as error:
+        parser.exit(2, f"error: {error}; the model rests on records: run scripts/gpu/modes.sh (or any run folder with "
+                       "its args.txt) on a GPU, keep it in evidence/ and run `python -m stapo.tools.cost measure` "
+                       "(docs/scale.md)\n")  # fmt: skip
+
+
+def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if args.command == "measure":
+        if not args.evidence.is_dir():
+            parser.exit(2, f"error: --evidence {args.evidence}: not a folder; the records' folder (evidence/)\n")
+        args.out = args.out or MEASURED
+        if problem := output_problem(args.out, "file"):
+            parser.exit(2, f"error: {problem}\n")
+        text = json.dumps(measure(args.evidence), indent=1) + "\n"
+        if args.check:
+            if not args.out.is_file() or args.out.read_text() != text:
+                parser.exit(1, f"error: {args.out} is not what the records give; run without --check to write it\n")
+            print(f"{args.out}: as the records give ({len(json.loads(text)['runs'])} runs)")
+            return
+        write_atomic(args.out, text)
+        print(f"{args.out}: {len(json.loads(text)['runs'])} runs")
+        return
     if args.command == "fit":
         print(fit_report(fitted()))
         return

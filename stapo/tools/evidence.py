@@ -7,7 +7,8 @@
 ``card`` writes ``DIR/card.json`` on the machine that runs: the command as typed, the commit, the GPUs (model and
 count), the CPU cores, the start time, the versions of torch, vLLM and verl, and a note of what else ran on the host.
 ``collect`` copies what the pages read from an experiment folder (``experiment run --out``): ``experiment.json``, and
-per run its metrics (gzipped), exit code and the last lines of its log; nothing per token, no checkpoints.
+per run its metrics (gzipped), exit code, ``args.txt`` where the run has one and the last lines of its log; nothing per
+token, no checkpoints.
 
 A page of ``docs/evidence/`` is prose with generated blocks, each between ``<!-- evidence:KIND ARGS -->`` and
 ``<!-- /evidence -->`` (:data:`BLOCKS`): ``report evidence`` rewrites every block from the records it names, and with
@@ -100,9 +101,10 @@ def collect(runs: Path, dest: Path) -> list[Path]:
             with open(run / "metrics.jsonl", "rb") as source, gzip.open(target / "metrics.jsonl.gz", "wb", 9) as out:
                 shutil.copyfileobj(source, out)
             written.append(target / "metrics.jsonl.gz")
-        if (run / "exit_code").is_file():
-            written.append(target / "exit_code")
-            write_atomic(written[-1], (run / "exit_code").read_text())
+        for name in ("exit_code", "args.txt"):  # args.txt: a run's scripts/train.sh arguments (stapo.tools.cost)
+            if (run / name).is_file():
+                written.append(target / name)
+                write_atomic(written[-1], (run / name).read_text())
         if (run / "train.log").is_file():
             lines = (run / "train.log").read_text(errors="replace").splitlines()[-LOG_TAIL:]
             written.append(target / "train.log.tail")
