@@ -156,7 +156,8 @@ def test_grad_norm_bound_against_autograd(vocab):
 
 
 def test_ablations_silence_as_many_candidates_chosen_otherwise():
-    """STAPO v4, "Ablation and Sensitivity Analysis": high-entropy and random masking silence as many candidates as S2T (here 3 of 5)."""
+    """STAPO v4, "Ablation and Sensitivity Analysis": high-entropy and random masking silence as many candidates as
+    S2T (here 3 of 5)."""
     from stapo.s2t import ablation_choice
 
     keep, stats = s2t_mask(ALL_LOW, t(ENT), POS, ONES, silence="high_entropy")
