@@ -101,14 +101,14 @@ class Toy:
     """A stand-in for vLLM's model runner on the CPU (vLLM's needs a GPU): a model over the batch's tokens flattened
     into rows, as vLLM's are, run as a prefill pass and two decode passes, the prompt's tokens taken from its text. Its
     ops are elementwise, so a row depends on no other row, except in ``mix`` of layer 1 when ``mixing``: it adds the
-    batch's row count."""
+    batch's row count, from ``threshold`` rows on."""
 
-    def __init__(self, mixing: bool):
+    def __init__(self, mixing: bool, threshold: int = 0):
         import torch
 
         class Mix(torch.nn.Module):
             def forward(self, x):
-                return x + 1e-3 * x.shape[0]
+                return x + 1e-3 * x.shape[0] * (x.shape[0] >= threshold)
 
         class Layer(torch.nn.Module):
             def __init__(self, mix: bool):
@@ -153,15 +153,17 @@ def test_locate_names_the_first_module_that_depends_on_the_batch(monkeypatch):
     whose rows never meet finds nothing; one whose layer 1 depends on the batch is found there, in the prefill pass,
     with every module after it differing too."""
     requests = bi.make_requests(4)
-    partners = [bi.partner(r) for r in requests]
-    assert all(p.prompt == r.prompt and p.seed != r.seed for p, r in zip(partners, requests))
-    assert not {p.seed for p in partners} & {r.seed for r in requests + bi.make_requests(48) + bi.make_requests(48, 1)}
+    partners = [[bi.partner(r)] for r in requests]
+    assert all(p.prompt == r.prompt and p.seed != r.seed for [p], r in zip(partners, requests))
+    assert not {p.seed for [p] in partners} & {
+        r.seed for r in requests + bi.make_requests(48) + bi.make_requests(48, 1)
+    }
     for mixing in (False, True):
         toy = Toy(mixing)
         monkeypatch.setattr(bi, "RECORDER", bi.Recorder())
         assert bi.RECORDER.attach(toy.model) == 7  # the model, embed, layers (never called), 2 x (layer, mix)
         results = bi.locate(toy.generate, requests, partners)
-        assert all(r["passes"] == [3, 3] for r in results)
+        assert all(r["passes"] == [3, 3] and r["batch"] == 2 for r in results)
         if not mixing:
             assert all("module" not in r for r in results) and bi.summary(results) == {"none": 4}
             continue
@@ -185,6 +187,8 @@ def test_first_difference_on_recorded_passes():
     assert found["modules_differing"] == 1
     pair[0][0] = ("embed", [torch.zeros(5, 2)])
     assert bi.first_difference(alone, pair)["aligned"] is False
+    later = [alone[0], alone[0]], [alone[0], [("embed", [torch.zeros(1, 2)]), *alone[0][1:]]]  # a decode pass too
+    assert (bi.first_difference(*later)["pass"], bi.first_difference(*later)["aligned"]) == (1, False)
     assert "another order" in bi.first_difference(alone, [[("layers.0", [torch.ones(3, 2)])]])["error"]
     counted = bi.summary([{"module": "model.layers.12"}, {"module": "model.layers.3"}, {}])
     assert counted == {"model.layers.*": 2, "none": 1}
@@ -256,7 +260,7 @@ elif sys.argv[2] == "stapo.checks.batch_invariance":
 def test_the_locate_script_runs_the_probe_and_three_locates(tmp_path):
     """scripts/gpu/locate.sh as printed, from a folder that does not exist yet, with a stand-in for the Python that
     needs a GPU (it records each command and writes a record): the model converted from --src, the FA3 probe and
-    locate for FA3 seeded, greedy and with a longer partner, and TRITON, each with arguments the real parser accepts,
+    locate beside many partners for FA3 seeded and greedy and TRITON, each with arguments the real parser accepts,
     and the probe's table."""
     out, gguf = tmp_path / "new" / "loc", tmp_path / "sm.gguf"
     gguf.write_bytes(b"GGUF")
@@ -264,14 +268,13 @@ def test_the_locate_script_runs_the_probe_and_three_locates(tmp_path):
     assert done.returncode == 0, done.stderr
     assert lines[0].startswith(f"-m stapo.tools.pretrained --out {out}/smollm2/raw --src {gguf}")
     jobs = sorted(line.split()[2:] for line in lines if line.split()[2] in ("run", "locate"))
-    model = f"{out}/smollm2/raw"
+    model, many = f"{out}/smollm2/raw", ["--partner", "many", "--max-tokens", "64"]
     assert jobs == sorted([
         ["run", "--model", model, "--setting", "fa3", "--out", f"{out}/locate/probe-fa3.json"],
-        ["locate", "--model", model, "--setting", "fa3", "--out", f"{out}/locate/fa3.json"],
-        ["locate", "--model", model, "--setting", "fa3", "--greedy", "--out", f"{out}/locate/fa3-greedy.json"],
-        ["locate", "--model", model, "--setting", "fa3", "--partner", "longer", "--max-tokens", "64", "--out",
-         f"{out}/locate/fa3-longer.json"],
-        ["locate", "--model", model, "--setting", "triton", "--out", f"{out}/locate/triton.json"],
+        ["locate", "--model", model, "--setting", "fa3", *many, "--out", f"{out}/locate/fa3-many.json"],
+        ["locate", "--model", model, "--setting", "fa3", *many, "--greedy", "--out",
+         f"{out}/locate/fa3-many-greedy.json"],
+        ["locate", "--model", model, "--setting", "triton", *many, "--out", f"{out}/locate/triton-many.json"],
     ])  # fmt: skip
     for job in jobs:  # the real parser takes each (it stops at the model folder, which the stand-in did not write)
         found = subprocess.run([sys.executable, "-m", "stapo.checks.batch_invariance", *job[:-1], str(tmp_path / "x")],
@@ -311,7 +314,30 @@ def test_longer_partners_keep_the_request_first():
     words = lambda prompt: len(prompt.split())  # noqa: E731
     requests, pool = bi.make_requests(6), bi.make_requests(48, seed=1)
     partners = bi.longer_partners(requests, pool, words)
-    found = [(r, p) for r, p in zip(requests, partners, strict=True) if p is not None]
-    assert len(found) >= 4 and all(words(p.prompt) > words(r.prompt) and p in pool for r, p in found)
+    found = [(r, p) for r, [*p] in zip(requests, partners, strict=True) if p]
+    assert len(found) >= 4 and all(
+        len(p) == 1 and words(p[0].prompt) > words(r.prompt) and p[0] in pool for r, p in found
+    )
     longest = max(pool, key=lambda r: words(r.prompt))
-    assert bi.longer_partners([longest], pool, words) == [None]
+    assert bi.longer_partners([longest], pool, words) == [[]]
+    many = bi.longer_partners(requests, pool, words, bi.MANY)  # --partner many: every longer prompt, up to 47
+    assert all(len(p) <= bi.MANY and all(words(o.prompt) > words(r.prompt) for o in p) for r, p in zip(requests, many))
+    assert max(len(p) for p in many) > 1 and [p[:1] for p in many] == partners
+
+
+def test_many_partners_find_what_one_partner_cannot():
+    """A batch dependence that starts at 8 rows: beside one partner (the same prompt) nothing differs; beside up to 47
+    longer prompts the request's own rows are kept (no more rows than it has tokens) and layer 1's mix is found, in
+    the prefill pass, aligned."""
+    requests, pool = bi.make_requests(3), bi.make_requests(48, seed=1)
+    toy = Toy(mixing=True, threshold=8)
+    recorder = bi.Recorder()
+    recorder.attach(toy.model)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(bi, "RECORDER", recorder)
+        one = bi.locate(toy.generate, requests, [[bi.partner(r)] for r in requests])
+        many = [[o for o in pool if len(o.prompt) % 2 == len(r.prompt) % 2][:10] for r in requests]  # same toy length
+        found = bi.locate(toy.generate, requests, many)
+    assert max(t.shape[0] for step in recorder.passes for _, tensors in step for t in tensors) <= 3  # toy prompts
+    assert all("module" not in r for r in one) and all(r["batch"] == 2 for r in one)
+    assert [(r["batch"], r["pass"], r["module"], r["aligned"]) for r in found] == [(11, 0, "layers.1.mix", True)] * 3

@@ -4,7 +4,7 @@
         [--max-tokens 64] [--greedy] [--eager | --graphs]
     python -m stapo.checks.batch_invariance table fa3.json fa2.json ...       # one row per setting and composition
     python -m stapo.checks.batch_invariance locate --model DIR --setting fa3 --out locate.json [--requests 8]
-        [--max-tokens 16] [--greedy] [--partner same|longer]
+        [--max-tokens 16] [--greedy] [--partner same|longer|many]
 
 ``run`` starts one vLLM engine with ``VLLM_BATCH_INVARIANT=1`` and the attention backend of ``--setting``
 (:data:`SETTINGS`), and generates the same seeded requests (word problems of mixed lengths, a seed each, as the
@@ -21,14 +21,14 @@ attention backend, its implementation and FlashAttention version), the environme
 :func:`linear_rows` for the model's own projections (``F.linear`` with its weights' shapes, the LM head included);
 ``table`` puts records side by side, with the upstream issue each setting answers.
 
-``locate`` asks where a request decoded alone first parts from the same request decoded beside one other (a batch of
-two, the request first). In one eager engine it records every module's output in every forward pass, and the sampler's
+``locate`` asks where a request decoded alone first parts from the same request decoded beside others, the request
+first in the batch. In one eager engine it records every module's output in every forward pass, and the sampler's
 (:class:`Recorder`, forward hooks through vLLM's ``apply_model`` and ``collective_rpc``), for each of ``--requests``
-requests alone and then beside its partner (:func:`partner`: the same prompt under another seed; ``--partner longer``:
-:func:`longer_partners`, a longer prompt; ``ignore_eos``, so both run the same passes), and compares the request's
-rows pass by pass in the order the modules finished (:func:`first_difference`): the first pass and module whose output
-differs, the largest difference there and how many modules differ in that pass. Its record counts the first modules
-over the requests (:func:`summary`).
+requests alone and then beside its partners (:data:`PARTNERS`: the same prompt under another seed, a longer prompt,
+or up to :data:`MANY` longer prompts, a batch as large as the probe's; ``ignore_eos``, so all run the same passes),
+and compares the request's rows pass by pass in the order the modules finished (:func:`first_difference`): the first
+pass and module whose output differs, the largest difference there and how many modules differ in that pass. Its
+record counts the first modules over the requests (:func:`summary`).
 
 Size it small (48 requests × 64 tokens): batch-invariant kernels are slow, and one process per setting keeps a
 backend's start-up failure from hiding the others.
@@ -251,6 +251,7 @@ class Recorder:
 
     def __init__(self) -> None:
         self.on = False
+        self.keep: int | None = None  # rows kept of each output (all: None)
         self.passes: list[list[tuple[str, list]]] = []
 
     def _start(self, *_) -> None:
@@ -260,7 +261,8 @@ class Recorder:
     def _hook(self, name: str):
         def record(module, inputs, output) -> None:
             if self.on and self.passes:
-                self.passes[-1].append((name, [t.detach().cpu() for t in tensors_of(output)]))
+                kept = [t[: self.keep] if self.keep and t.dim() else t for t in tensors_of(output)]
+                self.passes[-1].append((name, [t.detach().cpu() for t in kept]))
 
         return record
 
@@ -273,13 +275,13 @@ class Recorder:
             module.register_forward_hook(self._hook(name))
         return len(modules)
 
-    def record(self, generate: Generate, batch: list[Request]) -> tuple[list, Output]:
-        """The passes of one batch and the first request's output."""
-        self.passes, self.on = [], True
+    def record(self, generate: Generate, batch: list[Request], keep: int | None = None) -> tuple[list, Output]:
+        """The passes of one batch (the first ``keep`` rows of each output) and the first request's output."""
+        self.passes, self.on, self.keep = [], True, keep
         try:
             outputs = generate(batch)
         finally:
-            self.on = False
+            self.on, self.keep = False, None
         return self.passes, outputs[0]
 
 
@@ -326,13 +328,23 @@ def _attach_sampler(worker) -> str:
 
 PARTNER_SEED = 500_009
 """Added to a request's seed to seed its partner (no request of :func:`make_requests` has it)."""
+PARTNERS = {
+    "same": "the same prompt under another seed",
+    "longer": "a longer prompt",
+    "many": "up to 47 longer prompts",
+}
+"""``locate --partner``: whom each request is decoded beside (the request stays first in the batch)."""
+MANY = 47
+"""``--partner many``: a batch of up to 48, as the probe's ``together`` composition is."""
 
 
-def longer_partners(requests: list[Request], pool: list[Request], tokens: Callable[[str], int]) -> list[Request | None]:
-    """For each request, the first of ``pool`` whose prompt has more tokens (``tokens``), or None where none has: a
-    partner of another length, which still leaves the request first in vLLM 0.24's V2 runner's batch (fewer scheduled
-    tokens first)."""
-    return [next((o for o in pool if tokens(o.prompt) > tokens(r.prompt)), None) for r in requests]
+def longer_partners(
+    requests: list[Request], pool: list[Request], tokens: Callable[[str], int], count: int = 1
+) -> list[list[Request]]:
+    """For each request, the first ``count`` of ``pool`` whose prompts have more tokens (``tokens``), none where none
+    has: partners of other lengths, which still leave the request first in vLLM 0.24's V2 runner's batch (fewer
+    scheduled tokens first, a stable sort)."""
+    return [[o for o in pool if tokens(o.prompt) > tokens(r.prompt)][:count] for r in requests]
 
 
 def partner(request: Request) -> Request:
@@ -360,11 +372,12 @@ def _gap(a, b) -> float:
 
 
 def first_difference(alone: list[list[tuple[str, list]]], beside: list[list[tuple[str, list]]]) -> dict | None:
-    """A request's passes alone against its passes first in a batch of two: per pass and module (in the order they
+    """A request's passes alone against its passes first in a batch: per pass and module (in the order they
     finished), its rows of each output (the batch's first rows, as many as alone; the whole output where the shapes
     do not allow that) compared bitwise. The first pass and module that differ (``module``), the largest difference
     there, how many modules differ in that pass and the first of them; ``aligned`` is False when that module is the
-    pass's first (the embedding: then the rows compared were not the request's). None when every output is equal."""
+    pass's first (the embedding, a lookup of tokens that were equal so far: then the rows compared were not the
+    request's). None when every output is equal."""
     for index, (ours, theirs) in enumerate(zip(alone, beside)):
         differing = []
         for (name, a_tensors), (other, b_tensors) in zip(ours, theirs):
@@ -384,20 +397,24 @@ def first_difference(alone: list[list[tuple[str, list]]], beside: list[list[tupl
                 "max_abs_diff": differing[0][1],
                 "modules_differing": len(differing),
                 "first_modules": [name for name, _ in differing[:8]],
-                "aligned": not (differing[0][0] == ours[0][0] and index == 0),
+                "aligned": differing[0][0] != ours[0][0],
             }
     return None
 
 
-def locate(generate: Generate, requests: list[Request], partners: list[Request]) -> list[dict]:
-    """Each request alone, then first beside its partner, through :data:`RECORDER`'s hooks: per request its seed, the
-    passes of each run, whether its tokens differ, and :func:`first_difference`'s finding (nothing where all equal)."""
+def locate(generate: Generate, requests: list[Request], partners: list[list[Request]]) -> list[dict]:
+    """Each request alone, then first beside its partners, through :data:`RECORDER`'s hooks (beside them, only as
+    many rows of each output as the request's prompt has tokens are kept: the rows compared): per request its seed,
+    the batch's size, the passes of each run, whether its tokens differ, and :func:`first_difference`'s finding
+    (nothing where all equal)."""
     results = []
-    for target, partner in zip(requests, partners, strict=True):
-        (alone, ours), (beside, theirs) = (RECORDER.record(generate, batch) for batch in ([target], [target, partner]))
+    for target, others in zip(requests, partners, strict=True):
+        alone, ours = RECORDER.record(generate, [target])
+        rows = max((t.shape[0] for _, tensors in alone[0] for t in tensors if t.dim()), default=None)
+        beside, theirs = RECORDER.record(generate, [target, *others], keep=rows)
         found = first_difference(alone, beside) or {}
-        results.append({"seed": target.seed, "passes": [len(alone), len(beside)], "tokens_differ": ours[0] != theirs[0],
-                        **found})  # fmt: skip
+        results.append({"seed": target.seed, "batch": 1 + len(others), "passes": [len(alone), len(beside)],
+                        "tokens_differ": ours[0] != theirs[0], **found})  # fmt: skip
     return results
 
 
@@ -501,8 +518,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     find.add_argument("--requests", type=int, default=8)
     find.add_argument("--max-tokens", type=int, default=16)
-    find.add_argument("--partner", choices=("same", "longer"), default="same",
-                      help="the partner's prompt: the request's own (another seed), or a longer one")  # fmt: skip
+    find.add_argument("--partner", choices=tuple(PARTNERS), default="same",
+                      help="beside whom: " + "; ".join(f"{k}: {v}" for k, v in PARTNERS.items()))  # fmt: skip
     find.set_defaults(eager=True)
     show = commands.add_parser("table", help="the records side by side (Markdown)")
     show.add_argument("records", type=Path, nargs="+")
@@ -538,15 +555,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         record |= {"hooks": llm.apply_model(_attach_model)[0], "sampler": llm.collective_rpc(_attach_sampler)[0]}
         generate = generator(llm, args.max_tokens, args.greedy, ignore_eos=True)
         if args.partner == "same":
-            partners = [partner(r) for r in requests]
-        else:  # another length; the pool's prompts are other problems of the same levels
+            partners = [[partner(r)] for r in requests]
+        else:  # other lengths; the pool's prompts are other problems of the same levels
             tokenizer = llm.get_tokenizer()
-            pool = make_requests(8 * args.requests, args.seed + 1)
-            partners = longer_partners(requests, pool, lambda prompt: len(tokenizer.encode(prompt)))
-            record["no_longer_partner"] = [r.seed for r, p in zip(requests, partners) if p is None]  # left out
-            kept = [(r, p) for r, p in zip(requests, partners) if p is not None]
+            pool = make_requests(max(8 * args.requests, 4 * MANY), args.seed + 1)
+            count = MANY if args.partner == "many" else 1
+            partners = longer_partners(requests, pool, lambda prompt: len(tokenizer.encode(prompt)), count)
+            record["no_longer_partner"] = [r.seed for r, p in zip(requests, partners) if not p]  # left out
+            kept = [(r, p) for r, p in zip(requests, partners) if p]
             if not kept:
-                parser.exit(2, "error: --partner longer: no prompt of the pool is longer than any request's\n")
+                parser.exit(2, f"error: --partner {args.partner}: no prompt of the pool is longer than any request's\n")
             requests, partners = [r for r, _ in kept], [p for _, p in kept]
         record["partner"] = args.partner
         results = locate(generate, requests, partners)
