@@ -38,9 +38,10 @@ def record(evidence: Path, name: str, gpu: str, runs: dict[str, tuple]) -> None:
         args += [f"data.train_batch_size={prompts}", f"trainer.v1.trainer_mode=stapo_{mode}"]
         (folder / run / "args.txt").write_text("\n".join(args) + "\n")
         (folder / run / "exit_code").write_text(f"{code}\n")
-        if size in cost.qwen3_sizes():
-            shape = cost.size_shape(size, 1, gpus, cost.gpu_kind(gpu), prompts, 8, 100, length, length)
-            seconds = cost.mode_seconds(TRUE, shape, "stapo", mode)
+        if size in cost.qwen3_sizes():  # separate_async: one rollout GPU of its own beside the trainer's
+            rollout = 1 if mode == "separate_async" else None
+            shape = cost.size_shape(size, 1, gpus + bool(rollout), cost.gpu_kind(gpu), prompts, 8, 100, length, length)
+            seconds = cost.mode_seconds(TRUE, shape, "stapo", mode, rollout)
         else:  # a shape the model does not know: any seconds
             seconds = dict.fromkeys(cost.STAGES, 1.0)
         timing = {"timing_s/gen": seconds["generation"], "timing_s/old_log_prob": seconds["old_log_prob"],
@@ -131,6 +132,46 @@ def test_one_shape_fits_one_factor_and_projects_only_its_size(measured, capsys):
         cost.main(["project", "--size", "qwen3_8b"])
     assert stop.value.code == 2
     assert capsys.readouterr().err.startswith("error: qwen3_8b: no record at or beyond this size (records: qwen3_1.7b)")
+
+
+def test_records_of_nearly_one_shape_fit_one_factor_and_bad_records_get_one_line(measured, tmp_path, capsys):
+    """Two sync runs whose lengths and seconds differ a little (as real ones do) cannot separate the weight and
+    key-value factors: one factor, a positive projection; a separate_async run counts its rollout GPUs; plain
+    metrics.jsonl is read; a record without a timer or a GPU name is one line naming it."""
+    runs = {"sync-1": ("qwen3_1.7b", 1, 8, 2047, "sync", 0), "sync-2": ("qwen3_1.7b", 1, 8, 2044, "sync", 0),
+            "separate-1": ("qwen3_1.7b", 1, 8, 2048, "separate_async", 0)}  # fmt: skip
+    measured(near=("NVIDIA H100 80GB HBM3", runs))
+    folder = tmp_path / "evidence" / "near"
+    with gzip.open(folder / "sync-2" / "metrics.jsonl.gz", "rt") as lines:  # 2 % slower generation, uncompressed
+        rows = [json.loads(line) for line in lines]
+    for row in rows:
+        row["data"]["timing_s/gen"] *= 1.02
+    (folder / "sync-2" / "metrics.jsonl.gz").unlink()
+    (folder / "sync-2" / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    args = (folder / "separate-1" / "args.txt").read_text() + "actor_rollout_ref.rollout.nnodes=1\n"
+    (folder / "separate-1" / "args.txt").write_text(args + "actor_rollout_ref.rollout.n_gpus_per_node=1\n")
+    cost.main(["measure", "--evidence", str(tmp_path / "evidence"), "--out", str(cost.MEASURED)])
+    cost.fitted.cache_clear()
+    fit = cost.fitted()
+    assert fit.k_w == fit.k_kv > 0 and len(cost.load_measured()) == 2
+    assert cost.project(paper(), "qwen3_1.7b", 1, "stapo")["step_s_mean"] > 0
+    [(shape, row)] = cost.load_modes()
+    assert (shape.gpus, row["rollout_gpus"], row["name"]) == (2, 1, "qwen3_1.7b, 1 + 1 x H100, 64 x 2,048")
+    assert "| separate_async |" in cost.fit_report(fit)
+    capsys.readouterr()
+    for broken, fix in (("timing_s/old_log_prob", None), (None, {"gpu": None})):
+        if broken:
+            (folder / "sync-2" / "metrics.jsonl").write_text(
+                "".join(json.dumps({**r, "data": {k: v for k, v in r["data"].items() if k != broken}}) + "\n"
+                        for r in rows))  # fmt: skip
+        else:
+            (folder / "card.json").write_text(json.dumps(fix))
+        with pytest.raises(SystemExit) as stop:
+            cost.main(["measure", "--evidence", str(tmp_path / "evidence"), "--out", str(tmp_path / "m.json")])
+        error = capsys.readouterr().err
+        assert stop.value.code == 2 and len(error.splitlines()) == 1 and not (tmp_path / "m.json").exists()
+        expected = f"{folder / 'sync-2'}: timing_s/old_log_prob is not" if broken else f"{folder / 'card.json'}: GPU"
+        assert error.startswith(f"error: {expected}"), error
 
 
 def test_without_records_every_command_says_how_to_get_them(measured, capsys):

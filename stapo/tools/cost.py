@@ -29,10 +29,11 @@ A constant the records cannot tell apart is not fitted apart: runs of one shape 
 reads, runs of one size a flat MFU and ``other``; ``project`` and ``table`` answer only for sizes between the records'
 smallest and largest (more GPUs or another GPU kind than measured are projected from the same constants).
 
-GRPO adds a reference-policy forward (as long as the old log-probs); STAPO and 20-Entropy add the driver's mask at
-paper scale (0.2 s: docs/history.md). ``fit`` prints every measured stage next to the model's value; ``project``
-and ``table`` take the paper's settings (3,000 steps of 256 prompts × 8) with the response length growing linearly
-from ``--length-start`` to ``--length-end`` (an assumption: the paper shows its curves, not their values).
+GRPO adds a reference-policy forward (as long as the old log-probs); STAPO and 20-Entropy add the driver's mask, its
+seconds a step as the records measured it (the records' batches are smaller than the paper's). ``fit`` prints every
+measured stage next to the model's value; ``project`` and ``table`` take the paper's settings (3,000 steps of 256
+prompts × 8) with the response length growing linearly from ``--length-start`` to ``--length-end`` (an assumption:
+the paper shows its curves, not their values).
 """
 
 from __future__ import annotations
@@ -57,8 +58,17 @@ GPUS = {  # datasheet: HBM bandwidth (B/s), memory (bytes), dense bf16 (FLOP/s, 
 }
 STAGES = ("generation", "old_log_prob", "update", "other")
 TIMINGS = {"generation": "timing_s/gen", "old_log_prob": "timing_s/old_log_prob", "update": "timing_s/update_actor",
-           "step": "timing_s/step", "mask": ("timing_s/stapo_mask", "timing_s/stapo_restore")}  # fmt: skip
-"""verl 0.9.1's step timers a row of ``measured_steps.json`` averages, and the driver's mask (inside the update)."""
+           "step": "timing_s/step"}  # fmt: skip
+"""verl 0.9.1's step timers a row of ``measured_steps.json`` averages (each must be logged)."""
+OPTIONAL = {"mask": ("timing_s/stapo_mask", "timing_s/stapo_restore"), "ref": ("timing_s/ref",)}
+"""Timers summed where logged: the driver's mask (inside the update timer), GRPO's reference forward (its own)."""
+SEPARABLE = 0.05
+"""The smallest ratio of the column-scaled generation terms' singular values at which the fit separates the weight and
+key-value factors: runs of nearly one shape (a random model writes every response to its limit) would otherwise give
+factors of opposite signs that cancel, and nonsense away from that shape."""
+LENGTHS = ("prompt_length/mean", "response_length/mean", "response_length/max")
+UNMASKED = ("justrl", "grpo")
+"""Methods without the driver's mask (their ``timing_s/stapo_mask``, where ``stapo.metrics`` logs it, observes)."""
 MODES = tuple(TRAINER_MODES.values())
 """verl 0.9.1's trainer modes that the recipe's ``trainer.v1.trainer_mode`` values extend: sync first."""
 
@@ -162,19 +172,19 @@ class NoRecord(ValueError):
     """What the cost model is asked has no record to rest on: no measured steps, or a size outside them."""
 
 
-def gpu_kind(name: str) -> str:
+def gpu_kind(name: str | None) -> str:
     """The :data:`GPUS` key of a card's GPU name (``NVIDIA H100 80GB HBM3`` -> ``h100``)."""
-    found = [kind for kind in GPUS if kind in name.lower().replace(" ", "")]
+    found = [kind for kind in GPUS if kind in str(name).lower().replace(" ", "")]
     if len(found) != 1:
         raise NoRecord(f"GPU {name!r}: the cost model knows {', '.join(GPUS)}")
     return found[0]
 
 
-def run_row(folder: Path, card: dict, evidence: Path) -> dict:
+def run_row(folder: Path, gpu: str, evidence: Path) -> dict:
     """A row of ``measured_steps.json`` from one run folder of a record: the shape from the config its ``args.txt``
-    composes (``scripts/train.sh`` METHOD SIZE OVERRIDES..., one a line), the GPU from the record's card, the lengths
-    and every stage's seconds averaged over the steps after the first (the first pays first use; an asynchronous
-    mode's mean over whole cycles is what compares)."""
+    composes (``scripts/train.sh`` METHOD SIZE OVERRIDES..., one a line), ``gpu`` from the record's card, the lengths
+    and every stage's seconds averaged over the steps after the first (the first pays first use). ``gpus`` counts the
+    rollout's own GPUs too in ``separate_async`` (``rollout_gpus``)."""
     from hydra import compose, initialize_config_dir
 
     from stapo.tools.curves import mean_over, read_metrics
@@ -183,28 +193,41 @@ def run_row(folder: Path, card: dict, evidence: Path) -> dict:
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
         config = compose(method, [f"size={size}", *overrides])
     rollout = config.actor_rollout_ref.rollout
-    metrics = read_metrics(folder / "metrics.jsonl.gz")
+    gz = folder / "metrics.jsonl.gz"
+    metrics = read_metrics(gz if gz.is_file() else folder / "metrics.jsonl")
     steps = sorted(metrics.get(TIMINGS["step"], {}))[1:]
     if not steps:
         raise NoRecord(f"{folder}: fewer than two steps logged; nothing to average")
-    gpu, gpus = gpu_kind(card["gpu"]), int(config.trainer.nnodes * config.trainer.n_gpus_per_node)
-    response = mean_over(metrics["response_length/mean"], steps)
-    seconds = {
-        f"{stage}_s": round(mean_over(metrics[key], steps), 3) for stage, key in TIMINGS.items() if stage != "mask"
-    }
-    masks = [metrics[key] for key in TIMINGS["mask"] if key in metrics]
-    seconds["mask_s"] = round(sum(mean_over(m, steps) for m in masks), 3) if masks else 0.0
+    missing = [key for key in (*TIMINGS.values(), *LENGTHS) if not set(steps) <= set(metrics.get(key, {}))]
+    if missing:
+        raise NoRecord(f"{folder}: {missing[0]} is not logged at every step after the first")
+    mode, gpus = (
+        TRAINER_MODES[config.trainer.v1.trainer_mode],
+        int(config.trainer.nnodes * config.trainer.n_gpus_per_node),
+    )
+    own = int(rollout.nnodes * rollout.n_gpus_per_node) if mode == "separate_async" else 0
+    responses = int(config.data.train_batch_size * rollout.n)
+    mean = {key: mean_over(metrics[key], steps) for key in (*TIMINGS.values(), *LENGTHS)}
+    seconds = {f"{stage}_s": round(mean[key], 3) for stage, key in TIMINGS.items()}
+    for stage, keys in OPTIONAL.items():
+        seconds[f"{stage}_s"] = round(sum(mean_over(metrics[key], steps) for key in keys if key in metrics), 3)
     return {
-        "name": f"{size}, {gpus} x {gpu.upper()}, {config.data.train_batch_size * rollout.n} x {response:,.0f}",
-        "mode": TRAINER_MODES[config.trainer.v1.trainer_mode], "method": config.recipe.method,
-        "size": size, "gpu": gpu, "gpus": gpus, "tp": int(rollout.tensor_model_parallel_size),
-        "gpu_memory_utilization": float(rollout.gpu_memory_utilization),
-        "responses": int(config.data.train_batch_size * rollout.n),
-        "prompt_length": round(mean_over(metrics["prompt_length/mean"], steps), 1),
-        "response_length": round(response, 1),
-        "max_response_length": round(mean_over(metrics["response_length/max"], steps), 1),
+        "name": f"{size}, {gpus}{f' + {own}' if own else ''} x {gpu.upper()}, {responses} x "
+                f"{mean['response_length/mean']:,.0f}",
+        "mode": mode, "method": config.recipe.method, "size": size, "gpu": gpu, "gpus": gpus + own,
+        **({"rollout_gpus": own} if own else {}), "tp": int(rollout.tensor_model_parallel_size),
+        "gpu_memory_utilization": float(rollout.gpu_memory_utilization), "responses": responses,
+        "prompt_length": round(mean["prompt_length/mean"], 1),
+        "response_length": round(mean["response_length/mean"], 1),
+        "max_response_length": round(mean["response_length/max"], 1),
         **seconds, "steps": f"{steps[0]}-{steps[-1]}", "record": folder.relative_to(evidence).as_posix(),
     }  # fmt: skip
+
+
+def _finished_at_qwen3(run: Path) -> bool:
+    """Whether a run folder ended with exit code 0 at a Qwen3 size (its ``args.txt``'s second line)."""
+    code, args = run / "exit_code", (run / "args.txt").read_text().splitlines()
+    return code.is_file() and code.read_text().strip() == "0" and len(args) > 1 and args[1] in QWEN3_SHAPES
 
 
 def measure(evidence: Path) -> dict:
@@ -212,10 +235,13 @@ def measure(evidence: Path) -> dict:
     below a record's ``card.json``, at a Qwen3 shape (the model knows no other)."""
     rows = []
     for card in sorted(evidence.glob("*/card.json")):
-        for args in sorted(card.parent.rglob("args.txt")):
-            code, size = args.parent / "exit_code", args.read_text().splitlines()[1:2]
-            if code.is_file() and code.read_text().strip() == "0" and size and size[0] in QWEN3_SHAPES:
-                rows.append(run_row(args.parent, json.loads(card.read_text()), evidence))
+        runs = [args.parent for args in sorted(card.parent.rglob("args.txt")) if _finished_at_qwen3(args.parent)]
+        if runs:
+            try:
+                gpu = gpu_kind(json.loads(card.read_text()).get("gpu"))
+            except NoRecord as error:
+                raise NoRecord(f"{card}: {error}") from None
+            rows += [run_row(run, gpu, evidence) for run in runs]
     about = (
         "Generated by `python -m stapo.tools.cost measure` from the records in evidence/ (each row's `record`); do "
         "not edit. Seconds a step, averaged over each run's steps after the first; `mask_s`: the driver's mask and "
@@ -226,12 +252,13 @@ def measure(evidence: Path) -> dict:
 
 def load_runs(path: Path | None = None) -> list[tuple[Shape, dict]]:
     """Every measured run: its shape and its row; the stages' seconds as the model splits them (``update`` without
-    the driver's mask, which :func:`step_seconds` adds for the methods that mask; ``other``: step − the three)."""
+    the driver's mask, which :func:`step_seconds` adds for the methods that mask; ``other``: step − the three, the
+    mask and GRPO's reference forward, which :func:`step_seconds` models as a second old-log-prob pass)."""
     out = []
     for row in json.loads((path or MEASURED).read_text())["runs"]:
         seconds = {"generation": row["generation_s"], "old_log_prob": row["old_log_prob_s"],
                    "update": row["update_s"] - row["mask_s"]}  # fmt: skip
-        seconds["other"] = row["step_s"] - row["mask_s"] - sum(seconds.values())
+        seconds["other"] = row["step_s"] - row["mask_s"] - row["ref_s"] - sum(seconds.values())
         out.append((row_shape(row), {**row, **seconds, "step": row["step_s"]}))
     return out
 
@@ -260,23 +287,25 @@ def _line(x: list[float], y: list[float]) -> tuple[float, float]:
 
 
 def fit(measured: list[tuple[Shape, dict]]) -> Fit:
-    """Least squares: the two generation factors on relative error (one factor for both where the runs' two terms
-    are proportional, as in runs of one shape), the MFU lines on the MFUs the measured times imply, the ``other`` line
-    on seconds, the mask as the mean of the runs that mask."""
+    """Least squares: the two generation factors on relative error (one factor for both unless the runs' two terms
+    are far from proportional, :data:`SEPARABLE`, and both factors come out positive), the MFU lines on the MFUs the
+    measured times imply, the ``other`` line on seconds, the mask as the mean of the runs that mask."""
     if not measured:
         raise NoRecord("no measured steps of verl's synchronous trainer")
     terms = np.array([generation_terms(s) for s, _ in measured])
     relative = terms / np.array([m["generation"] for _, m in measured])[:, None]
-    if np.linalg.matrix_rank(relative, tol=1e-6 * np.abs(relative).max()) < 2:
-        k_w = k_kv = float(np.mean(1 / relative.sum(axis=1)))
-    else:
-        k_w, k_kv = (float(k) for k in np.linalg.lstsq(relative, np.ones(len(relative)), rcond=None)[0])
+    k_w = k_kv = float(np.mean(1 / relative.sum(axis=1)))  # one factor, unless the runs tell the two apart:
+    if len(measured) > 1:
+        singular = np.linalg.svd(relative / np.linalg.norm(relative, axis=0), compute_uv=False)
+        both = np.linalg.lstsq(relative, np.ones(len(relative)), rcond=None)[0]
+        if singular[-1] / singular[0] > SEPARABLE and both.min() > 0:
+            k_w, k_kv = (float(k) for k in both)
     billions = [model_facts(s.size)["parameters"] / 1e9 for s, _ in measured]
     mfu = {}
     for stage, share in (("old_log_prob", 1 / 3), ("update", 1.0)):
         implied = [share * train_flops(s) / (s.gpus * GPUS[s.gpu]["peak"] * m[stage]) for s, m in measured]
         mfu[stage] = _line([math.log(b) for b in billions], implied)
-    masks = [m["mask_s"] for _, m in measured if m["mask_s"] > 0]
+    masks = [m["mask_s"] for _, m in measured if m["method"] not in UNMASKED]
     sizes = sorted({s.size for s, _ in measured}, key=lambda size: model_facts(size)["parameters"])
     other = _line(billions, [m["other"] for _, m in measured])
     return Fit(k_w, k_kv, mfu, other, float(np.mean(masks)) if masks else 0.0, tuple(sizes))
@@ -399,9 +428,8 @@ def fit_report(fit_: Fit) -> str:
         "|---|---|---|---:|---:|---:|---:|---:|",
     ]
     for (shape, seconds), other in zip(measured, held_out):
-        models = [f.stage_seconds(shape) if f else None for f in (fit_, other)]
-        for model in filter(None, models):
-            model["step"] = sum(model.values()) + seconds["mask_s"]
+        models = [{**f.stage_seconds(shape), "step": sum(step_seconds(f, shape, seconds["method"]).values())}
+                  if f else None for f in (fit_, other)]  # fmt: skip
         for stage in (*STAGES, "step"):
             cells = " | ".join(
                 f"{m[stage]:.1f} | {(m[stage] - seconds[stage]) / seconds[stage]:+.0%}" if m else "– | –"
@@ -411,7 +439,7 @@ def fit_report(fit_: Fit) -> str:
     lines += ["", "verl's asynchronous trainers, measured (not fitted):"]
     lines += ["| run | record | mode | measured (s) | model (s) | error |", "|---|---|---|---:|---:|---:|"]
     for shape, row in load_modes():
-        model = sum(mode_seconds(fit_, shape, row["method"], row["mode"]).values())
+        model = sum(mode_seconds(fit_, shape, row["method"], row["mode"], row.get("rollout_gpus")).values())
         lines.append(f"| {row['name']} | {row['record']} | {row['mode']} | {row['step_s']:.1f} | {model:.1f} | "
                      f"{(model - row['step_s']) / row['step_s']:+.0%} |")  # fmt: skip
     return "\n".join(lines)
