@@ -181,6 +181,8 @@ def test_the_modes_block_averages_whole_cycles_and_compares_with_sync(tmp_path):
     assert "| sync-1 | 0 | 2-5 | 20.0 | 10.0 | 1.0 | 5.0 | 2048 |" in shown
     assert "| colocate-2 | 0 | 2-5 | 20.0 | 10.0 | 1.0 | 5.0 | 2048 |" in shown
     assert shown.endswith("per mode: sync 21.0 s (2 runs); colocate 20.0 s (2 runs, 0.95 × sync).\n")
+    alone = evidence.modes_block(tmp_path, "modes", "sync-1", "colocate-1")
+    assert alone.endswith("per mode: sync 20.0 s (1 run); colocate 20.0 s (1 run, 1.00 × sync).\n")
     one = tmp_path / "evidence" / "modes" / "sync-3"
     one.mkdir()
     (one / "metrics.jsonl.gz").write_bytes(gzip.compress(b'{"step": 1, "data": {"timing_s/step": 9.0}}\n'))
@@ -192,7 +194,13 @@ def test_the_locate_block_comes_from_its_record(copy):
     """The first locate record: what the engine chose and no module differing for any request; a record where a module
     differed names it, and the check fails until the page is regenerated."""
     shown = evidence.locate_block(copy, "locate-h100-adc01db")
-    assert "FLASH_ATTN (FlashAttentionImpl, FlashAttention 3)" in shown and "| 0 | 8 / 8 | no | none | - | - |" in shown
+    assert (
+        "FLASH_ATTN (FlashAttentionImpl, FlashAttention 3)" in shown
+        and "| 0 | 2 | 8 / 8 | no | none | - | - |" in shown
+    )
+    assert "`--partner same`;" in shown  # a record from before --partner: the same prompt
+    many = evidence.locate_block(copy, "locate-h100-ab24722", "triton.json")
+    assert "TRITON_ATTN (TritonAttentionImpl), seeded T = 1, 16 tokens a request" in many  # no FlashAttention there
     record_path = copy / "evidence/locate-h100-adc01db/locate.json"
     record = json.loads(record_path.read_text())
     record["requests_located"][0] |= {"module": "model.layers.3.self_attn.attn", "pass": 2, "max_abs_diff": 0.0039,
@@ -200,6 +208,6 @@ def test_the_locate_block_comes_from_its_record(copy):
     record["first_modules"] = {"model.layers.*.self_attn.attn": 1, "none": 3}
     record_path.write_text(json.dumps(record))
     shown = evidence.locate_block(copy, "locate-h100-adc01db")
-    assert "| 0 | 8 / 8 | yes | `model.layers.3.self_attn.attn` | 2 | 0.0039 |" in shown
+    assert "| 0 | 2 | 8 / 8 | yes | `model.layers.3.self_attn.attn` | 2 | 0.0039 |" in shown
     done = check(copy)
     assert done.returncode == 1 and "block 'locate locate-h100-adc01db'" in done.stdout

@@ -130,7 +130,7 @@ def _cell(value) -> str:
 
 
 def card_block(root: Path, name: str) -> str:
-    """The record's ``card.json`` as a table."""
+    """The record's ``card.json`` as a table (with what was noted after the run, where the card has it)."""
     fields = json.loads((root / RECORDS / name / "card.json").read_text())
     versions = ", ".join(f"{k} {v}" for k, v in fields.get("versions", {}).items() if v)
     rows = [
@@ -140,6 +140,7 @@ def card_block(root: Path, name: str) -> str:
         ("started", fields["started"]),
         ("versions", versions),
         ("else on the host", fields.get("host_note") or "-"),
+        *([("noted after the run", fields["host_note_after"])] if fields.get("host_note_after") else []),
     ]
     return "| card | |\n|---|---|\n" + "".join(f"| {k} | {_cell(v)} |\n" for k, v in rows)
 
@@ -334,29 +335,32 @@ def modes_block(root: Path, name: str, *runs: str) -> str:
     shown = []
     for mode, steps in steps_of.items():
         ratio = f", {statistics.fmean(steps) / sync:.2f} × sync" if sync and mode != "sync" else ""
-        shown.append(f"{mode} {statistics.fmean(steps):.1f} s ({len(steps)} runs{ratio})")
+        shown.append(f"{mode} {statistics.fmean(steps):.1f} s ({len(steps)} run{'s' * (len(steps) != 1)}{ratio})")
     return "\n".join(lines) + "\n\nMean step after the first, per mode: " + "; ".join(shown) + ".\n"
 
 
 def locate_block(root: Path, name: str, path: str = "locate.json") -> str:
     """A ``stapo.checks.batch_invariance locate`` record: what the engine chose and how the outputs were recorded,
-    then per request the passes alone and beside its partner, whether its tokens differ, and the first module whose
-    output differed (with the pass and the largest difference), or none."""
+    then per request the batch it was decoded in beside its partners (records before ``--partner many``: 2), the passes
+    alone and beside them, whether its tokens differ, and the first module whose output differed (with the pass and
+    the largest difference), or none."""
     record = json.loads((root / RECORDS / name / path).read_text())
     chosen = record["attention"]
+    version = f", FlashAttention {chosen['flash_attn_version']}" if chosen["flash_attn_version"] else ""
     lines = [
-        f"Engine: {chosen['backend']} ({chosen['implementation']}, FlashAttention {chosen['flash_attn_version']}), "
-        f"{'seeded T = 1' if not record['greedy'] else 'greedy'}, {record['max_tokens']} tokens a request; "
-        f"{record['hooks']} modules hooked, sampler: {record['sampler']}.",
+        f"Engine: {chosen['backend']} ({chosen['implementation']}{version}), "
+        f"{'seeded T = 1' if not record['greedy'] else 'greedy'}, {record['max_tokens']} tokens a request, "
+        f"`--partner {record.get('partner', 'same')}`; {record['hooks']} modules hooked, sampler: {record['sampler']}.",
         "",
-        "| request seed | passes alone / beside | tokens differ | first module that differs | pass | largest gap |",
-        "|---|---|---|---|---|---|",
+        "| request seed | batch beside | passes alone / beside | tokens differ | first module that differs | pass "
+        "| largest gap |",
+        "|---|---|---|---|---|---|---|",
     ]
     for found in record["requests_located"]:
         module = found.get("module")
         where = [found.get("pass", "-"), found.get("max_abs_diff", "-")]
         passes, differ = " / ".join(map(str, found["passes"])), "yes" if found["tokens_differ"] else "no"
-        cells = [found["seed"], passes, differ, f"`{module}`" if module else "none", *where]
+        cells = [found["seed"], found.get("batch", 2), passes, differ, f"`{module}`" if module else "none", *where]
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     counts = ", ".join(f"{module} {n}" for module, n in record["first_modules"].items())
     return "\n".join(lines) + f"\n\nFirst modules over the requests: {counts}.\n"
