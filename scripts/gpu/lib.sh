@@ -43,3 +43,18 @@ next_run() {  # OUT KIND: sets dir=OUT/KIND-N, N one more than the last KIND-N f
   while [ -e "$1/$2-$n" ]; do n=$((n + 1)); done
   dir="$1/$2-$n"
 }
+train_run() {  # DIR METHOD SIZE [OVERRIDE ...]: scripts/train.sh into DIR (its arguments in args.txt, one a line, which
+  # python -m stapo.tools.cost measure composes; train.log, metrics.jsonl, exit_code), 25 minutes at most, after
+  # stopping every Ray cluster on the machine (a run that failed may leave its cluster, which the next would refuse)
+  local dir=$1
+  shift
+  set -- "$@" trainer.default_local_dir="$dir/checkpoints" 'trainer.logger=["console","file"]'
+  mkdir -p "$dir"
+  printf '%s\n' "$@" > "$dir/args.txt"
+  ray stop --force > /dev/null 2>&1 || true
+  local code=0
+  VERL_FILE_LOGGER_PATH="$dir/metrics.jsonl" PYTHON=$PY timeout 1500 bash scripts/train.sh "$@" > "$dir/train.log" 2>&1 \
+    || code=$?
+  echo "$code" > "$dir/exit_code"
+  echo "${dir##*/}: exit $code"
+}

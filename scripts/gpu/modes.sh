@@ -24,20 +24,11 @@ cd "$(dirname "$0")/../.."
 source scripts/gpu/lib.sh
 qwen_shape "$out" "$tok"
 run+=(data.train_batch_size=8 actor_rollout_ref.actor.ppo_mini_batch_size=4 data.max_response_length=2048
-  trainer.total_training_steps=5 'trainer.logger=["console","file"]')
+  trainer.total_training_steps=5)
 runs=()
 for mode in "${modes[@]}"; do
   next_run "$out" "$mode"
-  mkdir -p "$dir"
   runs+=("$dir/metrics.jsonl")
-  ray stop --force > /dev/null 2>&1 || true  # a run that failed may leave its cluster, which the next would refuse
-  args=(stapo qwen3_1.7b "${run[@]}" trainer.v1.trainer_mode="stapo_${mode/colocate/colocate_async}"
-    trainer.default_local_dir="$dir/checkpoints")
-  printf '%s\n' "${args[@]}" > "$dir/args.txt"  # what the run was: python -m stapo.tools.cost measure composes it
-  code=0
-  VERL_FILE_LOGGER_PATH="$dir/metrics.jsonl" PYTHON=$PY timeout 1500 bash scripts/train.sh "${args[@]}" \
-    > "$dir/train.log" 2>&1 || code=$?
-  echo "$code" > "$dir/exit_code"
-  echo "${dir##*/}: exit $code"
+  train_run "$dir" stapo qwen3_1.7b "${run[@]}" trainer.v1.trainer_mode="stapo_${mode/colocate/colocate_async}"
 done
 $PY -m stapo.checks.scale summary "${runs[@]}"
