@@ -34,5 +34,9 @@ setup(
         "pretrained": PRETRAINED,
         "test": ["pytest>=8", "pytest-timeout", *PLOT, *QWEN, *PRETRAINED],
     },
-    entry_points={"verl.plugins": ["stapo = stapo.train.plugin"]},
+    entry_points={
+        "verl.plugins": ["stapo = stapo.train.plugin"],
+        # every vLLM process: batch invariance of vLLM 0.24's residual RMSNorm (stapo.train.verl_patches)
+        "vllm.general_plugins": ["stapo_rms_norm = stapo.train.verl_patches:batch_invariant_residual_rms_norm"],
+    },
 )

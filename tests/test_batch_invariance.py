@@ -7,6 +7,7 @@ Python. The GPU records are in evidence/ once run (issues 54, 65)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -72,10 +73,13 @@ def test_the_table_and_the_cli_refusals(tmp_path):
     probe = [sys.executable, "-m", "stapo.checks.batch_invariance"]
     done = subprocess.run([*probe, "table", str(tmp_path / "fa2.json")], capture_output=True, text=True)
     assert done.returncode == 0
-    assert (
-        "| fa2 | seeded T=1, eager, CUBLASLT_WORKSPACE_SIZE=1 | chunks | 3 / 12 | 40 | 7 | 0.01 | vLLM PR #48694"
+    assert (  # a record from before --norm ran vLLM's own
+        "| fa2 | seeded T=1, eager, vLLM's norm, CUBLASLT_WORKSPACE_SIZE=1 | chunks | 3 / 12 | 40 | 7 | 0.01 | vLLM PR"
         in (done.stdout)
     )
+    (tmp_path / "fa2.json").write_text(json.dumps({**record, "norm": "recipe"}))
+    done = subprocess.run([*probe, "table", str(tmp_path / "fa2.json")], capture_output=True, text=True)
+    assert "| fa2 | seeded T=1, eager, the recipe's norm, CUBLASLT_WORKSPACE_SIZE=1 | chunks |" in done.stdout
     assert done.stdout.endswith("(after the engine): fa2: 1 rows: 0, 64 rows: 5\n")
     assert "together" not in done.stdout
     run = ["run", "--model", str(tmp_path), "--setting", "fa2", "--out", str(tmp_path / "r.json")]
@@ -257,11 +261,11 @@ elif sys.argv[2] == "stapo.checks.batch_invariance":
 """
 
 
-def test_the_locate_script_runs_the_probe_and_three_locates(tmp_path):
+def test_the_locate_script_runs_the_probes_and_the_locates_with_each_norm(tmp_path):
     """scripts/gpu/locate.sh as printed, from a folder that does not exist yet, with a stand-in for the Python that
-    needs a GPU (it records each command and writes a record): the model converted from --src, the FA3 probe and
-    locate beside many partners for FA3 seeded and greedy and TRITON, each with arguments the real parser accepts,
-    and the probe's table."""
+    needs a GPU (it records each command and writes a record): the model converted from --src, the probe with vLLM's
+    norm and the recipe's (FA3) and TRITON's with the recipe's, locate beside many partners with each norm, each with
+    arguments the real parser accepts, and the probes' table."""
     out, gguf = tmp_path / "new" / "loc", tmp_path / "sm.gguf"
     gguf.write_bytes(b"GGUF")
     done, lines = standins.run_gpu_script(tmp_path, "locate.sh", LOCATE_STANDIN, out, "--src", gguf)
@@ -270,12 +274,15 @@ def test_the_locate_script_runs_the_probe_and_three_locates(tmp_path):
     jobs = sorted(line.split()[2:] for line in lines if line.split()[2] in ("run", "locate"))
     model, many = f"{out}/smollm2/raw", ["--partner", "many", "--max-tokens", "64"]
     assert jobs == sorted([
+        ["run", "--model", model, "--setting", "fa3", "--norm", "vllm", "--out", f"{out}/locate/probe-fa3-vllm.json"],
         ["run", "--model", model, "--setting", "fa3", "--out", f"{out}/locate/probe-fa3.json"],
+        ["run", "--model", model, "--setting", "triton", "--out", f"{out}/locate/probe-triton.json"],
+        ["locate", "--model", model, "--setting", "fa3", *many, "--norm", "vllm", "--out",
+         f"{out}/locate/fa3-many-vllm.json"],
         ["locate", "--model", model, "--setting", "fa3", *many, "--out", f"{out}/locate/fa3-many.json"],
-        ["locate", "--model", model, "--setting", "fa3", *many, "--greedy", "--out",
-         f"{out}/locate/fa3-many-greedy.json"],
-        ["locate", "--model", model, "--setting", "triton", *many, "--out", f"{out}/locate/triton-many.json"],
     ])  # fmt: skip
+    [table] = [line.split()[2:] for line in lines if line.split()[2] == "table"]
+    assert sorted(table[1:]) == sorted(f"{out}/locate/probe-{n}.json" for n in ("fa3-vllm", "fa3", "triton"))
     for job in jobs:  # the real parser takes each (it stops at the model folder, which the stand-in did not write)
         found = subprocess.run([sys.executable, "-m", "stapo.checks.batch_invariance", *job[:-1], str(tmp_path / "x")],
                                capture_output=True, text=True)  # fmt: skip
@@ -341,3 +348,15 @@ def test_many_partners_find_what_one_partner_cannot():
     assert max(t.shape[0] for step in recorder.passes for _, tensors in step for t in tensors) <= 3  # toy prompts
     assert all("module" not in r for r in one) and all(r["batch"] == 2 for r in one)
     assert [(r["batch"], r["pass"], r["module"], r["aligned"]) for r in found] == [(11, 0, "layers.1.mix", True)] * 3
+
+
+def test_the_norm_switch_decides_whether_vllm_loads_the_recipes_plugin(monkeypatch):
+    """``--norm vllm``: VLLM_PLUGINS empty, so vLLM 0.24 (vllm/plugins/__init__.py: a plugin loads when the variable is
+    unset or names it) loads none; ``--norm recipe``: unset, so every installed plugin loads, the recipe's RMSNorm
+    among them (its entry point: tests/test_verl_patches.py)."""
+    monkeypatch.setenv("VLLM_PLUGINS", "someone_else")
+    bi.choose_norm("vllm")
+    assert os.environ["VLLM_PLUGINS"] == "" and "stapo_rms_norm" not in os.environ["VLLM_PLUGINS"].split(",")
+    bi.choose_norm("recipe")
+    assert "VLLM_PLUGINS" not in os.environ
+    assert set(bi.NORMS) == {"recipe", "vllm"}

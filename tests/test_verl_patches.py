@@ -136,3 +136,60 @@ def test_vllm_compile_cache_is_on_and_a_string():
     assert verls["env_vars"]["VLLM_DISABLE_COMPILE_CACHE"] == "1"  # verl 0.9.1's; this workaround goes when it is not
     merged = OmegaConf.merge(verls, config.ray_kwargs.ray_init.runtime_env)
     assert merged.env_vars.VLLM_DISABLE_COMPILE_CACHE == "0"
+
+
+def vllm_stand_in(monkeypatch, batch_invariant: bool):
+    """The three names of vLLM 0.24 the RMSNorm plugin uses, as stand-in modules: vLLM's wheel is a CUDA build, not
+    installed on the project's CPU machines. ``RMSNorm`` has 0.24's attributes and a ``forward_cuda`` that marks its
+    calls as vLLM's own; ``rms_norm_batch_invariant`` (a Triton kernel in vLLM) is torch's per-row RMS norm."""
+    import sys
+    import types
+
+    class RMSNorm(torch.nn.Module):
+        def __init__(self, hidden: int, has_weight: bool = True):
+            super().__init__()
+            self.has_weight, self.variance_epsilon, self.variance_size_override = has_weight, 1e-6, None
+            self.weight = torch.nn.Parameter(torch.linspace(0.5, 1.5, hidden))
+
+        def forward_cuda(self, x, residual=None):
+            return "vllm's own", x, residual
+
+    modules = {name: types.ModuleType(name) for name in ("vllm", "vllm.envs", "vllm.model_executor",
+               "vllm.model_executor.layers", "vllm.model_executor.layers.batch_invariant",
+               "vllm.model_executor.layers.layernorm")}  # fmt: skip
+    modules["vllm.envs"].VLLM_BATCH_INVARIANT = batch_invariant
+    modules["vllm.model_executor.layers.layernorm"].RMSNorm = RMSNorm
+    modules["vllm.model_executor.layers.batch_invariant"].rms_norm_batch_invariant = lambda x, weight, eps: (
+        torch.nn.functional.rms_norm(x, (x.shape[-1],), weight, eps)
+    )
+    modules["vllm.model_executor.layers"].batch_invariant = modules["vllm.model_executor.layers.batch_invariant"]
+    for name, module in modules.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    return RMSNorm
+
+
+def test_the_vllm_plugin_routes_the_residual_norm_to_the_batch_invariant_kernel(monkeypatch):
+    """Installed as a vLLM general plugin; without VLLM_BATCH_INVARIANT it changes nothing; with it, a norm with a
+    residual returns the batch-invariant kernel's norm of the sum and the sum as the new residual (what vLLM's fused
+    kernel returns), and every other call (no residual, no weight) is vLLM's own; loading it twice wraps once."""
+    from importlib.metadata import entry_points
+
+    [plugin] = [e for e in entry_points(group="vllm.general_plugins") if e.name == "stapo_rms_norm"]
+    assert plugin.load() is verl_patches.batch_invariant_residual_rms_norm
+    untouched = vllm_stand_in(monkeypatch, batch_invariant=False)
+    original = untouched.forward_cuda
+    verl_patches.batch_invariant_residual_rms_norm()
+    assert untouched.forward_cuda is original
+    RMSNorm = vllm_stand_in(monkeypatch, batch_invariant=True)
+    original = RMSNorm.forward_cuda
+    for _ in range(2):
+        verl_patches.batch_invariant_residual_rms_norm()
+    assert RMSNorm.forward_cuda._stapo_original is original
+    norm = RMSNorm(8)
+    x, residual = torch.randn(5, 8).bfloat16(), torch.randn(5, 8).bfloat16()
+    out, new_residual = norm.forward_cuda(x, residual)
+    assert torch.equal(new_residual, x + residual)
+    expected = torch.nn.functional.rms_norm(x + residual, (8,), norm.weight.data, norm.variance_epsilon)
+    assert torch.equal(out, expected)
+    assert norm.forward_cuda(x)[0] == "vllm's own" and RMSNorm(8, has_weight=False).forward_cuda(x, residual)[0] == (
+        "vllm's own")  # fmt: skip

@@ -1,10 +1,10 @@
 """Does vLLM give a request the same tokens and log-probabilities whatever else is in its batch?
 
     python -m stapo.checks.batch_invariance run --model DIR --setting fa2 --out fa2.json [--requests 48]
-        [--max-tokens 64] [--greedy] [--eager | --graphs]
+        [--max-tokens 64] [--greedy] [--eager | --graphs] [--norm recipe|vllm]
     python -m stapo.checks.batch_invariance table fa3.json fa2.json ...       # one row per setting and composition
     python -m stapo.checks.batch_invariance locate --model DIR --setting fa3 --out locate.json [--requests 8]
-        [--max-tokens 16] [--greedy] [--partner same|longer|many]
+        [--max-tokens 16] [--greedy] [--partner same|longer|many] [--norm recipe|vllm]
 
 ``run`` starts one vLLM engine with ``VLLM_BATCH_INVARIANT=1`` and the attention backend of ``--setting``
 (:data:`SETTINGS`), and generates the same seeded requests (word problems of mixed lengths, a seed each, as the
@@ -29,6 +29,10 @@ or up to :data:`MANY` longer prompts, a batch as large as the probe's; ``ignore_
 and compares the request's rows pass by pass in the order the modules finished (:func:`first_difference`): the first
 pass and module whose output differs, the largest difference there and how many modules differ in that pass. Its
 record counts the first modules over the requests (:func:`summary`).
+
+Both run the recipe's residual RMSNorm by default (``--norm recipe``: the vLLM plugin of
+:func:`stapo.train.verl_patches.batch_invariant_residual_rms_norm`, which ``determinism=full`` runs), or vLLM 0.24's
+own (``--norm vllm``), whose kernel takes its block size from the batch's token count.
 
 Size it small (48 requests × 64 tokens): batch-invariant kernels are slow, and one process per setting keeps a
 backend's start-up failure from hiding the others.
@@ -64,7 +68,18 @@ UPSTREAM = {
 """What each setting answers upstream (leads from issue 54, to be confirmed by the records)."""
 ENVIRONMENT = {"VLLM_BATCH_INVARIANT": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 """Set before vLLM is imported: batch-invariant kernels, and the engine in this process (one process per setting)."""
-RECORDED_ENV = (*ENVIRONMENT, "CUBLAS_WORKSPACE_CONFIG", "CUBLASLT_WORKSPACE_SIZE", "VLLM_USE_FLASHINFER_SAMPLER")
+RECORDED_ENV = (
+    *ENVIRONMENT,
+    "CUBLAS_WORKSPACE_CONFIG",
+    "CUBLASLT_WORKSPACE_SIZE",
+    "VLLM_USE_FLASHINFER_SAMPLER",
+    "VLLM_PLUGINS",
+)
+NORMS = {
+    "recipe": "the recipe's vLLM plugin makes the residual RMSNorm batch-invariant (stapo.train.verl_patches)",
+    "vllm": "vLLM 0.24's own norms (VLLM_PLUGINS empty: no vLLM plugin loads)",
+}
+"""``--norm``: which residual RMSNorm the engine runs (records without the key ran vLLM's own)."""
 """The environment a record keeps (as the process started: the cuBLAS variables set in the shell, or not)."""
 KV_CACHE_BYTES = 2 << 30
 """Each engine's KV cache: far more than 96 requests of a few hundred tokens need, in a small share of an H200."""
@@ -146,12 +161,23 @@ def probe(
     return {name: compare(reference, out) for name, out in outputs.items()}
 
 
-def start_engine(model: Path, setting: str, eager: bool):
-    """A vLLM engine for ``setting`` in this process, and its arguments. Its KV cache is given
-    (:data:`KV_CACHE_BYTES`) instead of a share of the GPU's free memory, and vLLM 0.24's start-up check
-    (``request_memory``: free memory of at least ``gpu_memory_utilization`` of the GPU) asks for a tenth, so that
-    the settings can run at once on one GPU. No prefix caching: a request's second run computes its prompt again."""
+def choose_norm(norm: str) -> None:
+    """Before vLLM starts in this process: ``vllm``, no vLLM plugin loads (``VLLM_PLUGINS`` empty); ``recipe``, every
+    installed one does, the recipe's RMSNorm among them (``VLLM_PLUGINS`` unset)."""
+    if norm == "vllm":
+        os.environ["VLLM_PLUGINS"] = ""
+    else:
+        os.environ.pop("VLLM_PLUGINS", None)
+
+
+def start_engine(model: Path, setting: str, eager: bool, norm: str = "recipe"):
+    """A vLLM engine for ``setting`` in this process with ``norm``'s RMSNorm (:data:`NORMS`), and its arguments. Its
+    KV cache is given (:data:`KV_CACHE_BYTES`) instead of a share of the GPU's free memory, and vLLM 0.24's start-up
+    check (``request_memory``: free memory of at least ``gpu_memory_utilization`` of the GPU) asks for a tenth, so
+    that the settings can run at once on one GPU. No prefix caching: a request's second run computes its prompt
+    again."""
     os.environ.update(ENVIRONMENT)
+    choose_norm(norm)
     from vllm import LLM
 
     kwargs = {"model": str(model), "seed": 0, "enforce_eager": eager, "enable_prefix_caching": False}
@@ -464,6 +490,7 @@ def table(records: Sequence[dict]) -> str:
     ]
     for record in records:
         mode = ("greedy" if record["greedy"] else "seeded T=1") + (", eager" if record["eager"] else ", graphs")
+        mode += ", the recipe's norm" if record.get("norm") == "recipe" else ", vLLM's norm"
         preset = {k: v for k, v in record.get("environment", {}).items() if k.startswith("CUBLAS") and v}
         mode += "".join(f", {k}={v}" for k, v in preset.items())
         for name, counts in list(record["compositions"].items())[1:]:
@@ -507,6 +534,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     engine.add_argument("--out", type=Path, required=True, help="the record (JSON)")
     engine.add_argument("--seed", type=int, default=0, help="the requests' problems and seeds")
     engine.add_argument("--greedy", action="store_true", help="temperature 0 instead of seeded sampling at T = 1")
+    engine.add_argument("--norm", choices=tuple(NORMS), default="recipe",
+                        help="; ".join(f"{k}: {v}" for k, v in NORMS.items()))  # fmt: skip
     run = commands.add_parser("run", parents=[engine], help="probe one setting in one engine; write its record")
     run.add_argument("--requests", type=int, default=48)
     run.add_argument("--max-tokens", type=int, default=64)
@@ -538,7 +567,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ):
         parser.exit(2, f"error: {problem}\n")
     start, environment = time.time(), {**{k: os.environ.get(k) for k in RECORDED_ENV}, **ENVIRONMENT}
-    llm, engine = start_engine(args.model, args.setting, args.eager)
+    llm, engine = start_engine(args.model, args.setting, args.eager, args.norm)
     record = {
         "setting": args.setting,
         "engine": engine,
@@ -549,6 +578,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "max_tokens": args.max_tokens,
         "greedy": args.greedy,
         "eager": args.eager,
+        "norm": args.norm,
     }
     requests = make_requests(args.requests, args.seed)
     if args.command == "locate":  # eager (no --graphs here): torch.compile would trace through the hooks

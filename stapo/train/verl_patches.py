@@ -1,6 +1,6 @@
 """Every place where the recipe works around verl 0.9.1 (or Ray 2.60, vLLM 0.24, transformers 5.x), in one list:
 :data:`WORKAROUNDS` names each one's code, what it answers and when it can go (tests/test_verl_patches.py checks that
-every named place exists). The two that patch verl itself at run time live here:
+every named place exists). The three that patch verl or vLLM at run time live here:
 
 * :func:`float32_fused_entropy` -- verl's fused log-probability kernel (``FusedLinearForPPO``, torch backend: what
   ``use_fused_kernels: auto`` selects when flash-attn is missing) computes the entropy in float32 and stores it in
@@ -13,6 +13,13 @@ every named place exists). The two that patch verl itself at run time live here:
   select give float32 entropies already: verl's triton kernel (``fused_kernel_options.impl_backend: triton``), the
   unfused path (softmax and logsumexp run in float32 under CUDA autocast) and ``entropy_from_logits_with_chunking``;
   every run checks what reaches the mask (:func:`stapo.train.metrics.check_entropy_dtype`).
+* :func:`batch_invariant_residual_rms_norm` -- a vLLM general plugin (``setup.py``: ``vllm.general_plugins``, loaded
+  by every vLLM process before it builds its model). Under ``VLLM_BATCH_INVARIANT=1`` vLLM 0.24 normalises with its
+  batch-invariant Triton kernel only where a norm has no residual; with one, ``RMSNorm.forward_cuda`` calls the
+  ``fused_add_rms_norm`` CUDA kernel, whose block size follows the batch's token count (1,024 threads under 256
+  tokens, 256 from there on), so the same token's norm sums its squares in another order in a small prefill than in
+  a large one (vLLM PR #48391, merged after the 0.24 wheel was built). The plugin adds the residual and normalises
+  with vLLM's own ``rms_norm_batch_invariant`` (one block size for every batch), for models whose norm has a weight.
 * :func:`stapo.quiet_verl_import_notices` -- importing verl on a machine without its optional engines and
   accelerator prints 12 lines (five ``UserWarning`` "<engine> engine is not available" from
   ``verl/workers/engine/__init__.py``, two "No supported accelerator detected" / "registered but not available" log
@@ -54,6 +61,12 @@ WORKAROUNDS = (
         "stapo.train.verl_patches:float32_fused_entropy",
         "verl 0.9.1 FusedLinearForPPO returns bfloat16 entropies (PR #5662 fixed the log-probs only)",
         "verl's FusedLinearForPPOFunction returns float32 entropies for bfloat16 inputs (a test here fails then)",
+    ),
+    Workaround(
+        "stapo.train.verl_patches:batch_invariant_residual_rms_norm",
+        "vLLM 0.24's fused_add_rms_norm kernel, which RMSNorm with a residual calls under VLLM_BATCH_INVARIANT=1, "
+        "takes its block size from the batch's token count (vLLM PR #48391, after 0.24; tracked in vLLM #27433)",
+        "the recipe's vLLM includes PR #48391 (the block size pinned under batch invariance)",
     ),
     Workaround(
         "stapo:quiet_verl_import_notices",
@@ -279,3 +292,29 @@ def float32_fused_entropy(enable: bool = True) -> None:
         patched = _float32_entropy_function()
         patched._stapo_original = original
         tf.FusedLinearForPPOFunction = patched
+
+
+def batch_invariant_residual_rms_norm() -> None:
+    """The vLLM plugin of the module docstring: with ``VLLM_BATCH_INVARIANT`` on, ``RMSNorm.forward_cuda`` with a
+    residual returns ``(rms_norm_batch_invariant(x + residual), x + residual)``, what vLLM's fused kernel returns
+    (the normalised sum and the new residual) from a kernel whose reduction does not depend on the batch; every other
+    call is vLLM's own. Idempotent (vLLM may load a plugin more than once in a process)."""
+    import vllm.envs as envs
+
+    if not envs.VLLM_BATCH_INVARIANT:
+        return
+    from vllm.model_executor.layers import batch_invariant
+    from vllm.model_executor.layers.layernorm import RMSNorm
+
+    original = RMSNorm.forward_cuda
+    if getattr(original, "_stapo_original", None):
+        return
+
+    def forward_cuda(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        if residual is None or not self.has_weight or self.variance_size_override is not None:
+            return original(self, x, residual)
+        total = x + residual
+        return batch_invariant.rms_norm_batch_invariant(total, self.weight.data, self.variance_epsilon), total
+
+    forward_cuda._stapo_original = original
+    RMSNorm.forward_cuda = forward_cuda
