@@ -77,9 +77,10 @@ def test_the_table_and_the_cli_refusals(tmp_path):
         "| fa2 | seeded T=1, eager, vLLM's norm, CUBLASLT_WORKSPACE_SIZE=1 | chunks | 3 / 12 | 40 | 7 | 0.01 | vLLM PR"
         in (done.stdout)
     )
-    (tmp_path / "fa2.json").write_text(json.dumps({**record, "norm": "recipe"}))
-    done = subprocess.run([*probe, "table", str(tmp_path / "fa2.json")], capture_output=True, text=True)
-    assert "| fa2 | seeded T=1, eager, the recipe's norm, CUBLASLT_WORKSPACE_SIZE=1 | chunks |" in done.stdout
+    for patched, shown in ((True, "the recipe's norm"), (False, "vLLM's norm (the recipe's was asked, not applied)")):
+        (tmp_path / "fa2.json").write_text(json.dumps({**record, "norm": "recipe", "norm_patched": patched}))
+        done = subprocess.run([*probe, "table", str(tmp_path / "fa2.json")], capture_output=True, text=True)
+        assert f"| fa2 | seeded T=1, eager, {shown}, CUBLASLT_WORKSPACE_SIZE=1 | chunks |" in done.stdout
     assert done.stdout.endswith("(after the engine): fa2: 1 rows: 0, 64 rows: 5\n")
     assert "together" not in done.stdout
     run = ["run", "--model", str(tmp_path), "--setting", "fa2", "--out", str(tmp_path / "r.json")]

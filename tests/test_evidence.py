@@ -198,7 +198,7 @@ def test_the_locate_block_comes_from_its_record(copy):
         "FLASH_ATTN (FlashAttentionImpl, FlashAttention 3)" in shown
         and "| 0 | 2 | 8 / 8 | no | none | - | - |" in shown
     )
-    assert "`--partner same`;" in shown  # a record from before --partner: the same prompt
+    assert "`--partner same`, vLLM's residual norm;" in shown  # a record from before --partner and --norm
     many = evidence.locate_block(copy, "locate-h100-ab24722", "triton.json")
     assert "TRITON_ATTN (TritonAttentionImpl), seeded T = 1, 16 tokens a request" in many  # no FlashAttention there
     record_path = copy / "evidence/locate-h100-adc01db/locate.json"

@@ -3,6 +3,7 @@ the same log-probs and gradients as verl's own function, and a mask that silence
 that tie in bfloat16."""
 
 import math
+import sys
 
 import pytest
 import torch
@@ -193,3 +194,14 @@ def test_the_vllm_plugin_routes_the_residual_norm_to_the_batch_invariant_kernel(
     assert torch.equal(out, expected)
     assert norm.forward_cuda(x)[0] == "vllm's own" and RMSNorm(8, has_weight=False).forward_cuda(x, residual)[0] == (
         "vllm's own")  # fmt: skip
+
+
+def test_a_vllm_without_the_kernel_gets_a_warning_not_a_failed_engine(monkeypatch):
+    """vLLM calls its general plugins unguarded: a vLLM whose batch_invariant module lacks the kernel leaves RMSNorm
+    as it is and warns, naming what is missing."""
+    RMSNorm = vllm_stand_in(monkeypatch, batch_invariant=True)
+    original = RMSNorm.forward_cuda
+    monkeypatch.delattr(sys.modules["vllm.model_executor.layers.batch_invariant"], "rms_norm_batch_invariant")
+    with pytest.warns(UserWarning, match="residual RMSNorm left as it is .*rms_norm_batch_invariant"):
+        verl_patches.batch_invariant_residual_rms_norm()
+    assert RMSNorm.forward_cuda is original

@@ -170,6 +170,14 @@ def choose_norm(norm: str) -> None:
         os.environ.pop("VLLM_PLUGINS", None)
 
 
+def norm_patched() -> bool:
+    """Whether vLLM's ``RMSNorm`` in this process (the engine's, ``VLLM_ENABLE_V1_MULTIPROCESSING=0``) runs the
+    recipe's residual norm."""
+    from vllm.model_executor.layers.layernorm import RMSNorm
+
+    return hasattr(RMSNorm.forward_cuda, "_stapo_original")
+
+
 def start_engine(model: Path, setting: str, eager: bool, norm: str = "recipe"):
     """A vLLM engine for ``setting`` in this process with ``norm``'s RMSNorm (:data:`NORMS`), and its arguments. Its
     KV cache is given (:data:`KV_CACHE_BYTES`) instead of a share of the GPU's free memory, and vLLM 0.24's start-up
@@ -490,7 +498,12 @@ def table(records: Sequence[dict]) -> str:
     ]
     for record in records:
         mode = ("greedy" if record["greedy"] else "seeded T=1") + (", eager" if record["eager"] else ", graphs")
-        mode += ", the recipe's norm" if record.get("norm") == "recipe" else ", vLLM's norm"
+        if record.get("norm_patched"):
+            mode += ", the recipe's norm"
+        else:  # records from before --norm ran vLLM's own
+            mode += ", vLLM's norm" + (
+                " (the recipe's was asked, not applied)" if record.get("norm") == "recipe" else ""
+            )
         preset = {k: v for k, v in record.get("environment", {}).items() if k.startswith("CUBLAS") and v}
         mode += "".join(f", {k}={v}" for k, v in preset.items())
         for name, counts in list(record["compositions"].items())[1:]:
@@ -579,6 +592,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "greedy": args.greedy,
         "eager": args.eager,
         "norm": args.norm,
+        "norm_patched": norm_patched(),
     }
     requests = make_requests(args.requests, args.seed)
     if args.command == "locate":  # eager (no --graphs here): torch.compile would trace through the hooks

@@ -350,7 +350,8 @@ def locate_block(root: Path, name: str, path: str = "locate.json") -> str:
     lines = [
         f"Engine: {chosen['backend']} ({chosen['implementation']}{version}), "
         f"{'seeded T = 1' if not record['greedy'] else 'greedy'}, {record['max_tokens']} tokens a request, "
-        f"`--partner {record.get('partner', 'same')}`; {record['hooks']} modules hooked, sampler: {record['sampler']}.",
+        f"`--partner {record.get('partner', 'same')}`, {'the recipe' if record.get('norm_patched') else 'vLLM'}'s "
+        f"residual norm; {record['hooks']} modules hooked, sampler: {record['sampler']}.",
         "",
         "| request seed | batch beside | passes alone / beside | tokens differ | first module that differs | pass "
         "| largest gap |",

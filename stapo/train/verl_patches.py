@@ -298,13 +298,22 @@ def batch_invariant_residual_rms_norm() -> None:
     """The vLLM plugin of the module docstring: with ``VLLM_BATCH_INVARIANT`` on, ``RMSNorm.forward_cuda`` with a
     residual returns ``(rms_norm_batch_invariant(x + residual), x + residual)``, what vLLM's fused kernel returns
     (the normalised sum and the new residual) from a kernel whose reduction does not depend on the batch; every other
-    call is vLLM's own. Idempotent (vLLM may load a plugin more than once in a process)."""
+    call is vLLM's own. Idempotent (vLLM may load a plugin more than once in a process). A vLLM without these names
+    gets a warning, not a failed engine (vLLM calls its plugins unguarded)."""
     import vllm.envs as envs
 
     if not envs.VLLM_BATCH_INVARIANT:
         return
-    from vllm.model_executor.layers import batch_invariant
-    from vllm.model_executor.layers.layernorm import RMSNorm
+    try:
+        from vllm.model_executor.layers import batch_invariant
+        from vllm.model_executor.layers.layernorm import RMSNorm
+
+        batch_invariant.rms_norm_batch_invariant  # noqa: B018  (the kernel the patch calls)
+    except (ImportError, AttributeError) as error:
+        import warnings
+
+        warnings.warn(f"stapo: vLLM's residual RMSNorm left as it is ({error}); runs may depend on the batch")
+        return
 
     original = RMSNorm.forward_cuda
     if getattr(original, "_stapo_original", None):
