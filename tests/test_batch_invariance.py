@@ -349,6 +349,10 @@ def test_many_partners_find_what_one_partner_cannot():
     assert max(t.shape[0] for step in recorder.passes for _, tensors in step for t in tensors) <= 3  # toy prompts
     assert all("module" not in r for r in one) and all(r["batch"] == 2 for r in one)
     assert [(r["batch"], r["pass"], r["module"], r["aligned"]) for r in found] == [(11, 0, "layers.1.mix", True)] * 3
+    for r, request, others in zip(found, requests, many):  # the toy's prompts: 2 or 3 tokens each
+        toy_tokens = lambda prompt: 2 + len(prompt) % 2  # noqa: E731
+        assert r["prefill_tokens"] == [toy_tokens(request.prompt), sum(map(toy_tokens, [request.prompt, *(o.prompt
+                                       for o in others)]))]  # fmt: skip
 
 
 def test_the_norm_switch_decides_whether_vllm_loads_the_recipes_plugin(monkeypatch):

@@ -256,3 +256,28 @@ def test_rollouts_on_tape_need_determinism_and_a_recording(files, monkeypatch, t
         preflight.validate_training_config(
             good(files, f"stapo.record_rollouts={tape}", f"stapo.replay_rollouts={tape}", "determinism=full")
         )
+
+
+def test_determinism_needs_the_recipes_vllm_plugin(files, monkeypatch):
+    """determinism=full with the package's vLLM plugin installed (this environment's entry point) passes; with
+    VLLM_PLUGINS leaving it out, or without the entry point, one line says how to get it; without determinism the
+    plugin is not asked for."""
+    import importlib.metadata
+
+    monkeypatch.setattr(preflight, "local_gpus", lambda: 1)
+    monkeypatch.delenv("VLLM_PLUGINS", raising=False)
+    full = good(files, "determinism=full")
+    assert preflight.environment_problems(full) == []
+    monkeypatch.setenv("VLLM_PLUGINS", "someone_else")
+    (line,) = preflight.environment_problems(full)
+    assert line.startswith("VLLM_PLUGINS='someone_else' leaves out the recipe's vLLM plugin stapo_rms_norm")
+    assert line.endswith("add it (VLLM_PLUGINS=someone_else,stapo_rms_norm) or unset VLLM_PLUGINS")
+    assert preflight.environment_problems(good(files)) == []
+    monkeypatch.setenv("VLLM_PLUGINS", "someone_else,stapo_rms_norm")
+    assert preflight.environment_problems(full) == []
+    found = importlib.metadata.entry_points
+    monkeypatch.setattr(
+        preflight, "entry_points", lambda group: [] if group == "vllm.general_plugins" else found(group=group)
+    )
+    (line,) = preflight.environment_problems(full)
+    assert line.startswith("determinism=full: the package's vLLM plugin stapo_rms_norm is not installed")

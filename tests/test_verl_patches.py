@@ -140,68 +140,72 @@ def test_vllm_compile_cache_is_on_and_a_string():
 
 
 def vllm_stand_in(monkeypatch, batch_invariant: bool):
-    """The three names of vLLM 0.24 the RMSNorm plugin uses, as stand-in modules: vLLM's wheel is a CUDA build, not
-    installed on the project's CPU machines. ``RMSNorm`` has 0.24's attributes and a ``forward_cuda`` that marks its
-    calls as vLLM's own; ``rms_norm_batch_invariant`` (a Triton kernel in vLLM) is torch's per-row RMS norm."""
-    import sys
+    """The names of vLLM 0.24 the RMSNorm plugin uses, as stand-in modules: vLLM's wheel is a CUDA build, not installed
+    on the project's CPU machines. ``batch_invariant.rms_norm_batch_invariant`` is, as in vLLM, one function imported
+    into ``layernorm`` too: without a residual its Triton kernel (here torch's per-row RMS norm), with one the fused
+    CUDA kernel (here a marker); ``RMSNorm.forward_cuda`` looks it up in ``layernorm`` at each call, as 0.24 does."""
     import types
 
+    names = ("vllm", "vllm.envs", "vllm.model_executor", "vllm.model_executor.layers",
+             "vllm.model_executor.layers.batch_invariant", "vllm.model_executor.layers.layernorm")  # fmt: skip
+    modules = {name: types.ModuleType(name) for name in names}
+    layers, layernorm = modules["vllm.model_executor.layers"], modules["vllm.model_executor.layers.layernorm"]
+
+    def rms_norm_batch_invariant(x, weight, eps=1e-6, residual=None):
+        if residual is None:
+            return torch.nn.functional.rms_norm(x, (x.shape[-1],), weight, eps)
+        return "vllm's fused kernel", x, residual
+
     class RMSNorm(torch.nn.Module):
-        def __init__(self, hidden: int, has_weight: bool = True):
+        def __init__(self, hidden: int):
             super().__init__()
-            self.has_weight, self.variance_epsilon, self.variance_size_override = has_weight, 1e-6, None
+            self.variance_epsilon = 1e-6
             self.weight = torch.nn.Parameter(torch.linspace(0.5, 1.5, hidden))
 
         def forward_cuda(self, x, residual=None):
-            return "vllm's own", x, residual
+            return layernorm.rms_norm_batch_invariant(x, self.weight.data, self.variance_epsilon, residual=residual)
 
-    modules = {name: types.ModuleType(name) for name in ("vllm", "vllm.envs", "vllm.model_executor",
-               "vllm.model_executor.layers", "vllm.model_executor.layers.batch_invariant",
-               "vllm.model_executor.layers.layernorm")}  # fmt: skip
     modules["vllm.envs"].VLLM_BATCH_INVARIANT = batch_invariant
-    modules["vllm.model_executor.layers.layernorm"].RMSNorm = RMSNorm
-    modules["vllm.model_executor.layers.batch_invariant"].rms_norm_batch_invariant = lambda x, weight, eps: (
-        torch.nn.functional.rms_norm(x, (x.shape[-1],), weight, eps)
-    )
-    modules["vllm.model_executor.layers"].batch_invariant = modules["vllm.model_executor.layers.batch_invariant"]
+    modules["vllm.model_executor.layers.batch_invariant"].rms_norm_batch_invariant = rms_norm_batch_invariant
+    layernorm.rms_norm_batch_invariant, layernorm.RMSNorm = rms_norm_batch_invariant, RMSNorm
+    layers.batch_invariant, layers.layernorm = modules["vllm.model_executor.layers.batch_invariant"], layernorm
     for name, module in modules.items():
         monkeypatch.setitem(sys.modules, name, module)
-    return RMSNorm
+    return RMSNorm, layernorm
 
 
 def test_the_vllm_plugin_routes_the_residual_norm_to_the_batch_invariant_kernel(monkeypatch):
     """Installed as a vLLM general plugin; without VLLM_BATCH_INVARIANT it changes nothing; with it, a norm with a
-    residual returns the batch-invariant kernel's norm of the sum and the sum as the new residual (what vLLM's fused
-    kernel returns), and every other call (no residual, no weight) is vLLM's own; loading it twice wraps once."""
+    residual, even one built before the plugin ran, returns the batch-invariant kernel's norm of the sum and the sum as
+    the new residual (the pair vLLM's fused kernel returns), and a norm without one is vLLM's own; loading it twice
+    wraps once."""
     from importlib.metadata import entry_points
 
     [plugin] = [e for e in entry_points(group="vllm.general_plugins") if e.name == "stapo_rms_norm"]
     assert plugin.load() is verl_patches.batch_invariant_residual_rms_norm
-    untouched = vllm_stand_in(monkeypatch, batch_invariant=False)
-    original = untouched.forward_cuda
+    _, untouched = vllm_stand_in(monkeypatch, batch_invariant=False)
+    original = untouched.rms_norm_batch_invariant
     verl_patches.batch_invariant_residual_rms_norm()
-    assert untouched.forward_cuda is original
-    RMSNorm = vllm_stand_in(monkeypatch, batch_invariant=True)
-    original = RMSNorm.forward_cuda
+    assert untouched.rms_norm_batch_invariant is original
+    RMSNorm, layernorm = vllm_stand_in(monkeypatch, batch_invariant=True)
+    original, norm = layernorm.rms_norm_batch_invariant, RMSNorm(8)  # built before the plugin runs
+    x, residual = torch.randn(5, 8).bfloat16(), torch.randn(5, 8).bfloat16()
+    assert norm.forward_cuda(x, residual)[0] == "vllm's fused kernel"
     for _ in range(2):
         verl_patches.batch_invariant_residual_rms_norm()
-    assert RMSNorm.forward_cuda._stapo_original is original
-    norm = RMSNorm(8)
-    x, residual = torch.randn(5, 8).bfloat16(), torch.randn(5, 8).bfloat16()
+    assert layernorm.rms_norm_batch_invariant._stapo_original is original
     out, new_residual = norm.forward_cuda(x, residual)
     assert torch.equal(new_residual, x + residual)
-    expected = torch.nn.functional.rms_norm(x + residual, (8,), norm.weight.data, norm.variance_epsilon)
-    assert torch.equal(out, expected)
-    assert norm.forward_cuda(x)[0] == "vllm's own" and RMSNorm(8, has_weight=False).forward_cuda(x, residual)[0] == (
-        "vllm's own")  # fmt: skip
+    assert torch.equal(out, torch.nn.functional.rms_norm(x + residual, (8,), norm.weight.data, norm.variance_epsilon))
+    assert torch.equal(norm.forward_cuda(x), torch.nn.functional.rms_norm(x, (8,), norm.weight.data, 1e-6))
 
 
 def test_a_vllm_without_the_kernel_gets_a_warning_not_a_failed_engine(monkeypatch):
-    """vLLM calls its general plugins unguarded: a vLLM whose batch_invariant module lacks the kernel leaves RMSNorm
+    """vLLM calls its general plugins unguarded: a vLLM whose batch_invariant module lacks the kernel leaves the norm
     as it is and warns, naming what is missing."""
-    RMSNorm = vllm_stand_in(monkeypatch, batch_invariant=True)
-    original = RMSNorm.forward_cuda
+    _, layernorm = vllm_stand_in(monkeypatch, batch_invariant=True)
+    original = layernorm.rms_norm_batch_invariant
     monkeypatch.delattr(sys.modules["vllm.model_executor.layers.batch_invariant"], "rms_norm_batch_invariant")
     with pytest.warns(UserWarning, match="residual RMSNorm left as it is .*rms_norm_batch_invariant"):
         verl_patches.batch_invariant_residual_rms_norm()
-    assert RMSNorm.forward_cuda is original
+    assert layernorm.rms_norm_batch_invariant is original

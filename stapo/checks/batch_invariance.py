@@ -170,12 +170,19 @@ def choose_norm(norm: str) -> None:
         os.environ.pop("VLLM_PLUGINS", None)
 
 
-def norm_patched() -> bool:
-    """Whether vLLM's ``RMSNorm`` in this process (the engine's, ``VLLM_ENABLE_V1_MULTIPROCESSING=0``) runs the
-    recipe's residual norm."""
-    from vllm.model_executor.layers.layernorm import RMSNorm
+def norm_patched(model) -> bool:
+    """Whether ``model``'s RMSNorm modules (run through ``apply_model``) reach the recipe's residual norm: each
+    dispatches to ``forward_cuda`` (an eager engine's custom ops), which calls ``layernorm.rms_norm_batch_invariant``,
+    the recipe's wrapper."""
+    from vllm.model_executor.layers import layernorm
 
-    return hasattr(RMSNorm.forward_cuda, "_stapo_original")
+    norms = [m for m in model.modules() if isinstance(m, layernorm.RMSNorm)]
+    wrapped = hasattr(layernorm.rms_norm_batch_invariant, "_stapo_original")
+    return (
+        wrapped
+        and bool(norms)
+        and all(getattr(m._forward_method, "__func__", None) is type(m).forward_cuda for m in norms)
+    )
 
 
 def start_engine(model: Path, setting: str, eager: bool, norm: str = "recipe"):
@@ -286,16 +293,21 @@ class Recorder:
     def __init__(self) -> None:
         self.on = False
         self.keep: int | None = None  # rows kept of each output (all: None)
+        self.widest: list[int] = []  # per pass, the most rows an output had (the pass's tokens), before keep
         self.passes: list[list[tuple[str, list]]] = []
 
     def _start(self, *_) -> None:
         if self.on:
             self.passes.append([])
+            self.widest.append(0)
 
     def _hook(self, name: str):
         def record(module, inputs, output) -> None:
             if self.on and self.passes:
-                kept = [t[: self.keep] if self.keep and t.dim() else t for t in tensors_of(output)]
+                tensors = tensors_of(output)
+                if self.widest:
+                    self.widest[-1] = max([self.widest[-1], *(t.shape[0] for t in tensors if t.dim())])
+                kept = [t[: self.keep] if self.keep and t.dim() else t for t in tensors]
                 self.passes[-1].append((name, [t.detach().cpu() for t in kept]))
 
         return record
@@ -311,7 +323,7 @@ class Recorder:
 
     def record(self, generate: Generate, batch: list[Request], keep: int | None = None) -> tuple[list, Output]:
         """The passes of one batch (the first ``keep`` rows of each output) and the first request's output."""
-        self.passes, self.on, self.keep = [], True, keep
+        self.passes, self.widest, self.on, self.keep = [], [], True, keep
         try:
             outputs = generate(batch)
         finally:
@@ -439,15 +451,19 @@ def first_difference(alone: list[list[tuple[str, list]]], beside: list[list[tupl
 def locate(generate: Generate, requests: list[Request], partners: list[list[Request]]) -> list[dict]:
     """Each request alone, then first beside its partners, through :data:`RECORDER`'s hooks (beside them, only as
     many rows of each output as the request's prompt has tokens are kept: the rows compared): per request its seed,
-    the batch's size, the passes of each run, whether its tokens differ, and :func:`first_difference`'s finding
-    (nothing where all equal)."""
+    the batch's size, the tokens of the first (prefill) pass alone and beside, the passes of each run (an ``error``
+    where their counts differ), whether its tokens differ, and :func:`first_difference`'s finding (nothing where all
+    equal)."""
     results = []
     for target, others in zip(requests, partners, strict=True):
         alone, ours = RECORDER.record(generate, [target])
         rows = max((t.shape[0] for _, tensors in alone[0] for t in tensors if t.dim()), default=None)
         beside, theirs = RECORDER.record(generate, [target, *others], keep=rows)
         found = first_difference(alone, beside) or {}
-        results.append({"seed": target.seed, "batch": 1 + len(others), "passes": [len(alone), len(beside)],
+        if len(alone) != len(beside):  # another pass structure (a chunked prefill): passes compared are not alike
+            found = {"error": f"{len(alone)} passes alone, {len(beside)} beside", **found}
+        sizes = {"batch": 1 + len(others), "prefill_tokens": [rows, RECORDER.widest[0]]}
+        results.append({"seed": target.seed, **sizes, "passes": [len(alone), len(beside)],
                         "tokens_differ": ours[0] != theirs[0], **found})  # fmt: skip
     return results
 
@@ -579,6 +595,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         None if (args.model / "config.json").is_file() else f"--model {args.model}: no config.json there"
     ):
         parser.exit(2, f"error: {problem}\n")
+    choose_norm(args.norm)  # before the environment is recorded: VLLM_PLUGINS as the engine sees it
     start, environment = time.time(), {**{k: os.environ.get(k) for k in RECORDED_ENV}, **ENVIRONMENT}
     llm, engine = start_engine(args.model, args.setting, args.eager, args.norm)
     record = {
@@ -592,7 +609,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "greedy": args.greedy,
         "eager": args.eager,
         "norm": args.norm,
-        "norm_patched": norm_patched(),
+        "norm_patched": llm.apply_model(norm_patched)[0],
     }
     requests = make_requests(args.requests, args.seed)
     if args.command == "locate":  # eager (no --graphs here): torch.compile would trace through the hooks

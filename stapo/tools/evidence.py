@@ -353,15 +353,16 @@ def locate_block(root: Path, name: str, path: str = "locate.json") -> str:
         f"`--partner {record.get('partner', 'same')}`, {'the recipe' if record.get('norm_patched') else 'vLLM'}'s "
         f"residual norm; {record['hooks']} modules hooked, sampler: {record['sampler']}.",
         "",
-        "| request seed | batch beside | passes alone / beside | tokens differ | first module that differs | pass "
-        "| largest gap |",
+        "| request seed | batch beside (prefill tokens) | passes alone / beside | tokens differ | first module that "
+        "differs | pass | largest gap |",
         "|---|---|---|---|---|---|---|",
     ]
     for found in record["requests_located"]:
         module = found.get("module")
         where = [found.get("pass", "-"), found.get("max_abs_diff", "-")]
         passes, differ = " / ".join(map(str, found["passes"])), "yes" if found["tokens_differ"] else "no"
-        cells = [found["seed"], found.get("batch", 2), passes, differ, f"`{module}`" if module else "none", *where]
+        batch = f"{found.get('batch', 2)}" + (f" ({found['prefill_tokens'][1]})" if "prefill_tokens" in found else "")
+        cells = [found["seed"], batch, passes, differ, f"`{module}`" if module else "none", *where]
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     counts = ", ".join(f"{module} {n}" for module, n in record["first_modules"].items())
     return "\n".join(lines) + f"\n\nFirst modules over the requests: {counts}.\n"

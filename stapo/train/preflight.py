@@ -26,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from stapo.config import SEEDED_AGENT_LOOP, TAPE_GLOB, TRAINER_MODE, TRAINER_MODES, StapoConfig, StapoConfigError
 from stapo.tools.io import DataFileError, first_line, model_folder_problems, output_problem
 from stapo.train import attention
+from stapo.train.verl_patches import VLLM_PLUGIN
 
 PLUGIN_ENTRY_POINT = "stapo"
 CLUSTER_TIMEOUT_S = 60
@@ -107,14 +108,31 @@ def resolve_auto(config: DictConfig) -> tuple[str, bool]:
 
 
 def environment_problems(config: DictConfig) -> list[str]:
-    """What in this environment would make the run fail or hang: GPUs, data files, model, the checkpoint folder; one
-    line each."""
+    """What in this environment would make the run fail, hang or part from its twin: GPUs, data files, model, the
+    tapes, the recipe's vLLM plugin, the checkpoint folder; one line each."""
     found = _gpu_problems(config) + _data_problems(config) + _model_problems(config)
-    found += tape_problems(config)
+    found += tape_problems(config) + vllm_plugin_problems(config)
     folder = Path(str(config.trainer.default_local_dir)).expanduser()
     if problem := output_problem(folder, "folder", "trainer.default_local_dir"):
         return [*found, problem]
     return found + resume_problems(config)
+
+
+def vllm_plugin_problems(config: DictConfig) -> list[str]:
+    """``determinism=full`` needs the recipe's vLLM plugin in every vLLM process (vLLM 0.24's residual RMSNorm depends
+    on the batch without it: :func:`stapo.train.verl_patches.batch_invariant_residual_rms_norm`): the package's entry
+    point installed, and ``VLLM_PLUGINS``, where set, naming it; one line."""
+    if not all(OmegaConf.select(config, key) for key in DETERMINISM):
+        return []
+    name = VLLM_PLUGIN
+    if not any(e.name == name for e in entry_points(group="vllm.general_plugins")):
+        return [f"determinism=full: the package's vLLM plugin {name} is not installed, so vLLM's residual RMSNorm "
+                "would depend on the batch; reinstall the package (pip install -e .)"]  # fmt: skip
+    allowed = os.environ.get("VLLM_PLUGINS")
+    if allowed is not None and name not in allowed.split(","):
+        return [f"VLLM_PLUGINS={allowed!r} leaves out the recipe's vLLM plugin {name}, which determinism=full needs; "
+                f"add it (VLLM_PLUGINS={allowed + ',' if allowed else ''}{name}) or unset VLLM_PLUGINS"]  # fmt: skip
+    return []
 
 
 def tape_problems(config: DictConfig) -> list[str]:

@@ -19,7 +19,7 @@ every named place exists). The three that patch verl or vLLM at run time live he
   ``fused_add_rms_norm`` CUDA kernel, whose block size follows the batch's token count (1,024 threads under 256
   tokens, 256 from there on), so the same token's norm sums its squares in another order in a small prefill than in
   a large one (vLLM PR #48391, merged after the 0.24 wheel was built). The plugin adds the residual and normalises
-  with vLLM's own ``rms_norm_batch_invariant`` (one block size for every batch), for models whose norm has a weight.
+  with vLLM's own Triton ``rms_norm_batch_invariant`` (one block size for every batch).
 * :func:`stapo.quiet_verl_import_notices` -- importing verl on a machine without its optional engines and
   accelerator prints 12 lines (five ``UserWarning`` "<engine> engine is not available" from
   ``verl/workers/engine/__init__.py``, two "No supported accelerator detected" / "registered but not available" log
@@ -294,36 +294,40 @@ def float32_fused_entropy(enable: bool = True) -> None:
         tf.FusedLinearForPPOFunction = patched
 
 
+VLLM_PLUGIN = "stapo_rms_norm"
+"""The name of :func:`batch_invariant_residual_rms_norm` among vLLM's general plugins (setup.py)."""
+
+
 def batch_invariant_residual_rms_norm() -> None:
-    """The vLLM plugin of the module docstring: with ``VLLM_BATCH_INVARIANT`` on, ``RMSNorm.forward_cuda`` with a
-    residual returns ``(rms_norm_batch_invariant(x + residual), x + residual)``, what vLLM's fused kernel returns
-    (the normalised sum and the new residual) from a kernel whose reduction does not depend on the batch; every other
-    call is vLLM's own. Idempotent (vLLM may load a plugin more than once in a process). A vLLM without these names
-    gets a warning, not a failed engine (vLLM calls its plugins unguarded)."""
+    """The vLLM plugin of the module docstring: with ``VLLM_BATCH_INVARIANT`` on, the batch-invariant norm that vLLM
+    0.24's ``RMSNorm.forward_cuda`` calls (``layernorm.rms_norm_batch_invariant``, looked up at each call, so modules
+    built before the plugin ran are covered too) gets a residual handled by the recipe: ``(norm(x + residual),
+    x + residual)``, the pair vLLM's fused kernel returns, from vLLM's Triton kernel alone, whose reduction does not
+    depend on the batch. Without a residual the call is vLLM's own. Only the eager path (``forward_cuda``), which
+    ``determinism=full`` runs, is covered. Idempotent (vLLM may load a plugin more than once in a process). A vLLM
+    without these names gets a warning, not a failed engine (vLLM calls its plugins unguarded)."""
     import vllm.envs as envs
 
     if not envs.VLLM_BATCH_INVARIANT:
         return
     try:
-        from vllm.model_executor.layers import batch_invariant
-        from vllm.model_executor.layers.layernorm import RMSNorm
+        from vllm.model_executor.layers import batch_invariant, layernorm
 
-        batch_invariant.rms_norm_batch_invariant  # noqa: B018  (the kernel the patch calls)
+        original = layernorm.rms_norm_batch_invariant
+        kernel = batch_invariant.rms_norm_batch_invariant
     except (ImportError, AttributeError) as error:
         import warnings
 
         warnings.warn(f"stapo: vLLM's residual RMSNorm left as it is ({error}); runs may depend on the batch")
         return
-
-    original = RMSNorm.forward_cuda
     if getattr(original, "_stapo_original", None):
         return
 
-    def forward_cuda(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-        if residual is None or not self.has_weight or self.variance_size_override is not None:
-            return original(self, x, residual)
+    def rms_norm_batch_invariant(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, residual=None):
+        if residual is None or residual.shape != x.shape:  # vLLM's own (which asserts equal shapes)
+            return original(x, weight, eps, residual=residual)
         total = x + residual
-        return batch_invariant.rms_norm_batch_invariant(total, self.weight.data, self.variance_epsilon), total
+        return kernel(total, weight, eps), total
 
-    forward_cuda._stapo_original = original
-    RMSNorm.forward_cuda = forward_cuda
+    rms_norm_batch_invariant._stapo_original = original
+    layernorm.rms_norm_batch_invariant = rms_norm_batch_invariant
