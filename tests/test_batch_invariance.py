@@ -77,6 +77,9 @@ def test_the_table_and_the_cli_refusals(tmp_path):
         "| fa2 | seeded T=1, eager, vLLM's norm, CUBLASLT_WORKSPACE_SIZE=1 | chunks | 3 / 12 | 40 | 7 | 0.01 | vLLM PR"
         in (done.stdout)
     )
+    (tmp_path / "fa2.json").write_text(json.dumps({**record, "residual_norm_rows_differing": {"vllm": 8, "recipe": 0}}))
+    done = subprocess.run([*probe, "table", str(tmp_path / "fa2.json")], capture_output=True, text=True)
+    assert "the residual RMSNorm, of 8 rows, rows that differ inside 300: fa2: vllm 8, recipe 0" in done.stdout
     for patched, shown in ((True, "the recipe's norm"), (False, "vLLM's norm (the recipe's was asked, not applied)")):
         (tmp_path / "fa2.json").write_text(json.dumps({**record, "norm": "recipe", "norm_patched": patched}))
         done = subprocess.run([*probe, "table", str(tmp_path / "fa2.json")], capture_output=True, text=True)

@@ -18,7 +18,8 @@ depend on how many rows are multiplied at once (on Hopper, vLLM 0.24's batch-inv
 ``CUBLAS_WORKSPACE_CONFIG=:16:8`` and ``CUBLASLT_WORKSPACE_SIZE=1``, set in ``batch_invariant.py``). The record
 (``--out``, JSON) holds the setting, the engine's arguments, what the engine chose (:func:`attention_facts`: the
 attention backend, its implementation and FlashAttention version), the environment, the versions and the counts, and
-:func:`linear_rows` for the model's own projections (``F.linear`` with its weights' shapes, the LM head included);
+:func:`linear_rows` for the model's own projections (``F.linear`` with its weights' shapes, the LM head included) and
+:func:`residual_norm_rows` for the residual RMSNorm alone (vLLM's fused kernel and the recipe's, 8 rows against 300);
 ``table`` puts records side by side, with the upstream issue each setting answers.
 
 ``locate`` asks where a request decoded alone first parts from the same request decoded beside others, the request
@@ -266,6 +267,36 @@ def linear_rows(shapes: dict[str, tuple[int, int]], rows: Sequence[int] = MATMUL
         whole = F.linear(x, w)
         found[name] = {m: int((F.linear(x[:m], w) != whole[:m]).any(dim=1).sum()) for m in rows}
     return found
+
+
+NORM_ROWS = (8, 300)
+""":func:`residual_norm_rows`: a batch of fewer than 256 tokens and one of more (vLLM 0.24's fused kernel changes its
+block size at 256)."""
+
+
+def residual_norm_rows(hidden: int, rows: tuple[int, int] = NORM_ROWS, device: str = "cuda") -> dict[str, int]:
+    """The residual RMSNorm alone, at the model's hidden size: of the first ``rows[0]`` of ``rows[1]`` seeded bfloat16
+    rows (input and residual), how many come out otherwise when only they are normalised, with vLLM 0.24's fused
+    kernel (``_custom_ops.fused_add_rms_norm``, in place) and with the recipe's (the sum, then vLLM's Triton kernel)."""
+    import torch
+    from vllm import _custom_ops as ops
+    from vllm.model_executor.layers import batch_invariant
+
+    generator = torch.Generator().manual_seed(0)
+    x, residual = (torch.randn(rows[1], hidden, generator=generator).to(device, torch.bfloat16) for _ in range(2))
+    weight = (0.5 + torch.rand(hidden, generator=generator)).to(device, torch.bfloat16)
+
+    def vllms(x, residual):
+        x, residual = x.clone(), residual.clone()
+        ops.fused_add_rms_norm(x, residual, weight, 1e-6)
+        return x
+
+    def recipes(x, residual):
+        return batch_invariant.rms_norm_batch_invariant(x + residual, weight, 1e-6)
+
+    few = rows[0]
+    return {name: int((norm(x[:few], residual[:few]) != norm(x, residual)[:few]).any(dim=1).sum())
+            for name, norm in (("vllm", vllms), ("recipe", recipes))}  # fmt: skip
 
 
 def tensors_of(output, depth: int = 3) -> list:
@@ -541,6 +572,10 @@ def table(records: Sequence[dict]) -> str:
     ]
     if linears:
         parts.append("the model's projections (F.linear), rows differing: " + " | ".join(linears))
+    if norms := [f"{r['setting']}: " + ", ".join(f"{k} {v}" for k, v in r["residual_norm_rows_differing"].items())
+                 for r in records if "residual_norm_rows_differing" in r]:  # fmt: skip
+        parts.append(f"the residual RMSNorm, of {NORM_ROWS[0]} rows, rows that differ inside {NORM_ROWS[1]}: "
+                     + "; ".join(norms))  # fmt: skip
     if chosen := [f"{r['setting']}: {_chosen(r['attention'])}" for r in records if "attention" in r]:
         parts.append("the engine chose: " + "; ".join(chosen))
     return "\n\n".join(["\n".join(lines), *parts]) + "\n"
@@ -643,6 +678,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "compositions": counts,
         "matmul_rows_differing": matmul_rows(),
         "linear_rows_differing": linear_rows(projection_shapes(config)),
+        "residual_norm_rows_differing": residual_norm_rows(config["hidden_size"]),
     }
     write_atomic(args.out, json.dumps(record, indent=1) + "\n")
     print(table([record]), end="")
