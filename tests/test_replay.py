@@ -38,7 +38,8 @@ def test_record_replay_halt_and_resume_compare_to_the_bit(tmp_path, task, monkey
     monkeypatch.setenv("STANDIN_STEP_S", "1")  # the halt and the signal must see a step before the run ends
     # the deadline run's deadline: 30 s from its launch, closer than a step and a guessed save after its first step
     with pytest.raises(SystemExit) as done:
-        replay.main(args(tmp_path, task, "--steps", "4", "--halt", "2", "--signal", "1", "--deadline", "30", "--twin"))
+        replay.main(args(tmp_path, task, "--steps", "4", "--halt", "2", "--signal", "1", "--deadline", "30", "--twin",
+                         "--twin-halt", "2"))  # fmt: skip
     out = tmp_path / "out"
     assert done.value.code == 0, "\n".join(log.read_text()[-1500:] for log in (out / "runs").glob("*/train.log"))
     assert "halted at the checkpoint of step 2" in (out / "runs" / "halt2" / "train.log").read_text()
@@ -63,6 +64,11 @@ def test_record_replay_halt_and_resume_compare_to_the_bit(tmp_path, task, monkey
     assert twin["weights_equal"] and twin["first_step"] is None and twin["differ"] == [] and twin["metrics"] > 3
     assert "twin" not in record["weights_sha256"] and "## record against twin" in (out / "replay.md").read_text()
     assert (out / "runs" / "twin" / "train.log").is_file() and (out / "twin" / "metrics.jsonl").is_file()
+    halted = record["twin_halt"]  # the real run killed after step 2's checkpoint and resumed, generating all along
+    assert halted["weights_equal"] and halted["first_step"] is None and halted["metrics"] > 3
+    assert "halted at the checkpoint of step 2" in (out / "runs" / "twin-halt" / "train.log").read_text()
+    assert "step:1" not in (out / "runs" / "twin-halt-resumed" / "train.log").read_text()
+    assert "## record against twin-halt" in (out / "replay.md").read_text()
     foreign_ray_ignored()
 
 
@@ -101,7 +107,7 @@ def test_a_replay_whose_gradients_were_all_zero_shows_nothing(tmp_path, monkeypa
 
 
 def test_every_run_has_the_tape_and_determinism(tmp_path, task):
-    """The record run writes the tape, its twin one of its own, every other run replays the first, all under
+    """The record run writes the tape, its twins one each of their own, every other run replays the first, all under
     determinism=full, and each run's config passes the trainer's checks; a halted run and its resumption save at the
     halt step."""
     parsed = replay.argparse.Namespace(
@@ -112,8 +118,10 @@ def test_every_run_has_the_tape_and_determinism(tmp_path, task):
         replay.Leg("halt3", "halt3", "stapo.replay_rollouts", 3, "kill"),
         replay.Leg("deadline", "deadline", "stapo.replay_rollouts", 0, "deadline", deadline_s=95.24),
         replay.TWIN,
+        replay.twin_halt(3),
     ]
     tapes = [("record_rollouts", "tape"), *[("replay_rollouts", "tape")] * 2, ("record_rollouts", "tape-twin")]
+    tapes.append(("record_rollouts", "tape-twin-halt"))  # the halted twin generates all along, a tape of its own
     for leg, (tape, folder) in zip(legs, tapes, strict=True):
         argv = replay.overrides(leg, parsed)
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
@@ -131,6 +139,7 @@ def test_every_run_has_the_tape_and_determinism(tmp_path, task):
         (["--steps", "1"], "--steps 1: a replay needs at least 2 steps"),
         (["--halt", "6"], "--halt 6: halt between step 1 and step 5"),
         (["--signal", "5"], "--signal 5: signal after a step between 1 and 4 (--steps 6)"),
+        (["--twin-halt", "6"], "--twin-halt 6: halt between step 1 and step 5 (0: no such run)"),
         (["--deadline", "-5"], "--deadline -5: seconds from a run's launch, more than 0 (0: no deadline run)"),
     ],
 )

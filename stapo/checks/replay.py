@@ -1,7 +1,7 @@
 """Is the training side exact on its own? Runs that train on one recording of rollouts, compared to the bit.
 
     python -m stapo.checks.replay run --model DIR --data DIR --out DIR [--steps 6] [--halt 2 3] [--signal K]
-                                      [--deadline SECONDS] [--twin] [-- OVERRIDE ...]
+                                      [--deadline SECONDS] [--twin] [--twin-halt K] [-- OVERRIDE ...]
     python -m stapo.checks.replay halt --at STEP --checkpoints DIR -- COMMAND ...
     python -m stapo.checks.replay watch --metrics FILE --times FILE [--signal-at K] [--stops] -- COMMAND ...
 
@@ -35,7 +35,8 @@ of its own; ``OUT/replay.md`` gets the two compared at every metric (as ``python
 --all`` does) and ``OUT/replay.json`` which metrics were equal at every step and the first step and metrics where the
 two parted (:func:`stapo.tools.curves.parting`). Reported, not part of the verdict: vLLM's generation depends on the
 batch around a request (docs/determinism.md). A twin that fails is reported as failed (``"twin": {"failed": ...}``),
-and the check goes on without it.
+and the check goes on without it. ``--twin-halt K`` adds a third real run, killed after its checkpoint of step K and
+resumed, generating all along (no replay), compared with the record run the same way (``"twin_halt"``), reported.
 
 ``halt`` runs COMMAND in a process group of its own and kills the group once ``DIR/latest_checkpointed_iteration.txt``
 says STEP (or later), as a preempted job is killed; it exits 0 then, and 1 if COMMAND ended first. ``watch`` runs
@@ -177,17 +178,22 @@ TWIN = Leg("twin", "twin", "stapo.record_rollouts", tape_dir="tape-twin")
 """``--twin``'s run: the record run again, recording a tape of its own."""
 
 
-def twins(out: Path, steps: int) -> tuple[dict, str]:
-    """The record run against its twin at every metric (:func:`stapo.tools.curves.every_key`) and step: where they
-    part (:func:`stapo.tools.curves.parting`) and whether their last weights are equal (JSON-ready), and the table
-    (Markdown)."""
-    a, b = (read_metrics(out / folder / "metrics.jsonl") for folder in ("record", TWIN.folder))
+def twin_halt(at: int) -> Leg:
+    """``--twin-halt``'s run: the record run again, killed after its checkpoint of step ``at`` (then resumed)."""
+    return Leg("twin-halt", "twin-halt", "stapo.record_rollouts", at, "kill", tape_dir="tape-twin-halt")
+
+
+def twins(out: Path, steps: int, folder: str = TWIN.folder) -> tuple[dict, str]:
+    """The record run against a real run of the same command (``folder``: the twin, or the halted twin) at every
+    metric (:func:`stapo.tools.curves.every_key`) and step: where they part (:func:`stapo.tools.curves.parting`) and
+    whether their last weights are equal (JSON-ready), and the table (Markdown)."""
+    a, b = (read_metrics(out / name / "metrics.jsonl") for name in ("record", folder))
     result = compare(a, b, keys=every_key(a, b))
-    digests = [weights_digest(out / folder / "ckpt", steps) for folder in ("record", TWIN.folder)]
+    digests = [weights_digest(out / name / "ckpt", steps) for name in ("record", folder)]
     equal = None not in digests and digests[0] == digests[1]
     found = {"metrics": len(result), **parting(result), "weights_equal": equal}
-    title = "## record against twin (two real runs of one seed: reported, not part of the verdict)"
-    return found, f"{title}\n\n{to_markdown(result, ('record', TWIN.folder))}"
+    title = f"## record against {folder} (two real runs of one seed: reported, not part of the verdict)"
+    return found, f"{title}\n\n{to_markdown(result, ('record', folder))}"
 
 
 def halt(at: int, checkpoints: Path, command: Sequence[str]) -> int:
@@ -229,6 +235,8 @@ def check(args: argparse.Namespace) -> str | None:
     # a signal after step K is acted on at the end of step K + 1, which must not be the last
     if bad := [k for k in args.signal if not 0 < k < args.steps - 1]:
         return f"--signal {bad[0]}: signal after a step between 1 and {args.steps - 2} (--steps {args.steps})"
+    if not 0 <= args.twin_halt < args.steps:
+        return f"--twin-halt {args.twin_halt}: halt between step 1 and step {args.steps - 1} (0: no such run)"
     if not (math.isfinite(args.deadline) and args.deadline >= 0):
         return f"--deadline {args.deadline:g}: seconds from a run's launch, more than 0 (0: no deadline run)"
     if not (args.model / "config.json").is_file():
@@ -307,7 +315,8 @@ def run(args: argparse.Namespace) -> int:
         return set(failed)
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a kill stops the runs and their clusters too
-    first = run_stage([Leg("record", "record", "stapo.record_rollouts"), *[TWIN] * args.twin])
+    real = [*[TWIN] * args.twin, *[twin_halt(args.twin_halt)] * bool(args.twin_halt)]
+    first = run_stage([Leg("record", "record", "stapo.record_rollouts"), *real])
     if "record" in first:  # the twin is reported, not part of the verdict: its failure stops nothing
         return 2
     stopped = [Leg(f"halt{k}", f"halt{k}", "stapo.replay_rollouts", k, "kill") for k in args.halt]
@@ -316,7 +325,10 @@ def run(args: argparse.Namespace) -> int:
         stopped.append(Leg("deadline", "deadline", "stapo.replay_rollouts", 0, "deadline", deadline_s=args.deadline))
     if run_stage([Leg("replay", "replay", "stapo.replay_rollouts"), *stopped]):
         return 2
-    if run_stage([Leg(f"{leg.name}-resumed", leg.folder, leg.tape, leg.halt) for leg in stopped]):
+    halted = [leg for leg in real if leg.stop and leg.name not in first]  # the halted twin, reported
+    resumed = run_stage([Leg(f"{leg.name}-resumed", leg.folder, leg.tape, leg.halt, tape_dir=leg.tape_dir)
+                         for leg in stopped + halted])  # fmt: skip
+    if resumed - {f"{leg.name}-resumed" for leg in halted}:
         return 2
     record, tables = verdicts(args.out, {"record": 0, **{leg.folder: leg.halt for leg in stopped}}, args.steps)
     record["stopped_at"] = {leg.folder: saved_step(args.out / leg.folder / "ckpt", args.steps) for leg in stopped}
@@ -327,6 +339,13 @@ def run(args: argparse.Namespace) -> int:
     elif args.twin:
         record["twin"], twin_table = twins(args.out, args.steps)
         tables += f"\n{twin_table}"
+    if args.twin_halt:
+        leg = twin_halt(args.twin_halt)
+        if leg.name in first or f"{leg.name}-resumed" in resumed:
+            record["twin_halt"] = {"failed": f"see {args.out / 'runs'}/{leg.name}*/train.log"}
+        else:
+            record["twin_halt"], halt_table = twins(args.out, args.steps, leg.folder)
+            tables += f"\n{halt_table}"
     verdict = "identical to the bit" if record["equal"] else "differ"
     if not record["weights_moved"]:
         verdict = "not shown: the replay run's actor/grad_norm was 0 at every step (a reward that never varied)"
@@ -355,6 +374,13 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument("--deadline", type=float, default=0, help="stapo.deadline of a replayed run, s from its launch")
     start.add_argument("--tau-p", type=float, default=0.02, help="stapo.tau_p (a 135M model's vocabulary is small)")
     start.add_argument("--twin", action="store_true", help="a second record run beside the first, compared, reported")
+    start.add_argument(
+        "--twin-halt",
+        type=int,
+        default=0,
+        metavar="K",
+        help="a real run killed after its checkpoint of step K, resumed, compared, reported",
+    )
     start.add_argument("overrides", nargs="*", help="Hydra overrides for every run, after --")
     stop = commands.add_parser("halt", help="run COMMAND; kill it at the checkpoint of step --at")
     stop.add_argument("--at", type=int, required=True)
