@@ -31,6 +31,10 @@ def test_every_composition_holds_every_request_once():
     batches = bi.compositions(20)
     assert [len(b) for b in batches["chunks"]] == [8, 8, 4] and len(batches["single"]) == 20
     assert len(batches["mixed"][0]) == 40 and sum(i < 0 for i in batches["mixed"][0]) == 20
+    assert [len(b) for b in batches["small"]] == [2, 3, 4, 5, 6]  # batches of 2-7, in turn
+    assert [len(b) for b in bi.compositions(48)["small"]] == [2, 3, 4, 5, 6, 7, 2, 3, 4, 5, 7]  # no batch of one
+    assert [len(b) for b in bi.compositions(28)["small"]] == [2, 3, 4, 5, 6, 6, 2]
+    assert all(2 <= len(b) <= 7 for n in range(2, 60) for b in bi.compositions(n)["small"])
 
 
 def test_compare_counts_tokens_and_logprobs_before_the_first_difference():
@@ -61,6 +65,8 @@ def test_the_probe_finds_batch_dependence_and_only_that():
     assert found["again"]["responses"] == 0 and found["reversed"]["logprobs"] == 0  # same size: same numbers
     assert found["chunks"]["responses"] == 12 and found["chunks"]["logprobs"] == 12
     assert found["mixed"]["logprobs"] == 12  # 24 in that batch
+    assert found["small"]["responses"] == 2 + 4 and found["small"]["logprobs"] == 12  # batches of 2, 3, 4 and 3
+    assert all(isinstance(c["seconds"], float) and c["seconds"] >= 0 for c in found.values())
 
 
 def test_the_table_and_the_cli_refusals(tmp_path):
@@ -85,7 +91,12 @@ def test_the_table_and_the_cli_refusals(tmp_path):
         done = subprocess.run([*probe, "table", str(tmp_path / "fa2.json")], capture_output=True, text=True)
         assert f"| fa2 | seeded T=1, eager, {shown}, CUBLASLT_WORKSPACE_SIZE=1 | chunks |" in done.stdout
     assert done.stdout.endswith("(after the engine): fa2: 1 rows: 0, 64 rows: 5\n")
-    assert "together" not in done.stdout
+    assert "together" not in done.stdout and "seconds" not in done.stdout  # a record from before the timing
+    timed = {name: {**counts, "seconds": s} for (name, counts), s in zip(record["compositions"].items(), (1.5, 20))}
+    (tmp_path / "fa2.json").write_text(json.dumps({**record, "compositions": timed}))
+    done = subprocess.run([*probe, "table", str(tmp_path / "fa2.json")], capture_output=True, text=True)
+    assert "seconds to generate each composition (comparable between engines that ran alone): fa2 (seeded T=1, " \
+           "eager, vLLM's norm, CUBLASLT_WORKSPACE_SIZE=1): together 1.5, chunks 20" in done.stdout  # fmt: skip
     run = ["run", "--model", str(tmp_path), "--setting", "fa2", "--out", str(tmp_path / "r.json")]
     bad = subprocess.run([*probe, *run], capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "no config.json" in bad.stderr

@@ -9,10 +9,11 @@
 ``run`` starts one vLLM engine with ``VLLM_BATCH_INVARIANT=1`` and the attention backend of ``--setting``
 (:data:`SETTINGS`), and generates the same seeded requests (word problems of mixed lengths, a seed each, as the
 recipe's ``determinism=full`` sends them) in several batch compositions (:func:`compositions`): all at once, the same
-again, reversed, in chunks, one at a time, and mixed with other requests. Each composition is compared with the first,
-request by request (:func:`compare`): responses whose tokens differ, tokens that differ, and sampled-token
-log-probabilities that differ at all over the positions before the first differing token. Batch-invariant generation
-gives zeros everywhere; differences in ``again`` are not even run-to-run repeatable. Then, in the same process and so
+again, reversed, in chunks, one at a time, in batches of 2-7, and mixed with other requests. Each composition is
+compared with the first, request by request (:func:`compare`): responses whose tokens differ, tokens that differ, and
+sampled-token log-probabilities that differ at all over the positions before the first differing token; each
+composition's seconds are kept too. Batch-invariant generation gives zeros everywhere; differences in ``again`` are
+not even run-to-run repeatable. Then, in the same process and so
 under the cuBLAS settings vLLM's engine left there, :func:`matmul_rows` asks whether a bfloat16 matrix product's rows
 depend on how many rows are multiplied at once (on Hopper, vLLM 0.24's batch-invariant matmuls rest on cuBLAS:
 ``CUBLAS_WORKSPACE_CONFIG=:16:8`` and ``CUBLASLT_WORKSPACE_SIZE=1``, set in ``batch_invariant.py``). The record
@@ -42,6 +43,7 @@ backend's start-up failure from hiding the others.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -104,19 +106,32 @@ def make_requests(count: int, seed: int = 0) -> list[Request]:
     return [Request(f"{p.question} Put the answer in \\boxed{{}}.", seed * 100_003 + i) for i, p in enumerate(problems)]
 
 
+SMALL = range(2, 8)
+"""The sizes of the ``small`` composition's batches, in turn: the small batches a rollout's last requests decode in."""
+
+
 def compositions(count: int, chunk: int = 8, seed: int = 0) -> dict[str, list[list[int]]]:
     """Batches of request indices, each composition holding every request once: ``together`` (the reference, in
-    order), ``again`` (the same batch once more), ``reversed``, ``chunks`` of ``chunk``, ``single`` (one a batch) and
+    order), ``again`` (the same batch once more), ``reversed``, ``chunks`` of ``chunk``, ``single`` (one a batch),
+    ``small`` (batches of 2, 3, ..., 7 in turn, one longer or shorter where a batch of one would be left) and
     ``mixed`` (a shuffled order; the run adds as many other requests to that batch, so the batch around each request
     changes). Negative indices in ``mixed`` name the other requests."""
     order = list(range(count))
     shuffled = random.Random(seed).sample(order + [-1 - i for i in order], 2 * count)
+    small, start, sizes = [], 0, itertools.cycle(SMALL)
+    while start < count:
+        size = next(sizes)
+        if count - start - size == 1:  # no batch of one at the end
+            size += 1 if size < max(SMALL) else -1
+        small.append(order[start : start + size])
+        start += size
     return {
         "together": [order],
         "again": [order],
         "reversed": [order[::-1]],
         "chunks": [order[i : i + chunk] for i in range(0, count, chunk)],
         "single": [[i] for i in order],
+        "small": small,
         "mixed": [shuffled],
     }
 
@@ -149,17 +164,20 @@ Generate = Callable[[list[Request]], list[Output]]
 def probe(
     generate: Generate, requests: list[Request], others: list[Request], batches: dict[str, list[list[int]]]
 ) -> dict[str, dict]:
-    """Each composition's outputs compared with the first composition's (:func:`compare`); ``others`` fill the
-    negative indices (:func:`compositions`)."""
+    """Each composition's outputs compared with the first composition's (:func:`compare`), with the seconds its
+    batches took to generate (``seconds``); ``others`` fill the negative indices (:func:`compositions`)."""
     outputs: dict[str, list[Output]] = {}
+    seconds: dict[str, float] = {}
     for name, composition in batches.items():
         got: dict[int, Output] = {}
+        start = time.perf_counter()
         for batch in composition:
             chosen = [requests[i] if i >= 0 else others[-1 - i] for i in batch]
             got.update((i, out) for i, out in zip(batch, generate(chosen), strict=True) if i >= 0)
+        seconds[name] = round(time.perf_counter() - start, 2)
         outputs[name] = [got[i] for i in range(len(requests))]
     reference = outputs[next(iter(batches))]
-    return {name: compare(reference, out) for name, out in outputs.items()}
+    return {name: compare(reference, out) | {"seconds": seconds[name]} for name, out in outputs.items()}
 
 
 def choose_norm(norm: str) -> None:
@@ -544,15 +562,7 @@ def table(records: Sequence[dict]) -> str:
         "|---|---|---|---|---|---|---|---|",
     ]
     for record in records:
-        mode = ("greedy" if record["greedy"] else "seeded T=1") + (", eager" if record["eager"] else ", graphs")
-        if record.get("norm_patched"):
-            mode += ", the recipe's norm"
-        else:  # records from before --norm ran vLLM's own
-            mode += ", vLLM's norm" + (
-                " (the recipe's was asked, not applied)" if record.get("norm") == "recipe" else ""
-            )
-        preset = {k: v for k, v in record.get("environment", {}).items() if k.startswith("CUBLAS") and v}
-        mode += "".join(f", {k}={v}" for k, v in preset.items())
+        mode = _mode(record)
         for name, counts in list(record["compositions"].items())[1:]:
             lines.append(
                 f"| {record['setting']} | {mode} | {name} | {counts['responses']} / {record['requests']} | "
@@ -576,9 +586,28 @@ def table(records: Sequence[dict]) -> str:
                  for r in records if "residual_norm_rows_differing" in r]:  # fmt: skip
         parts.append(f"the residual RMSNorm, of {NORM_ROWS[0]} rows, rows that differ inside {NORM_ROWS[1]}: "
                      + "; ".join(norms))  # fmt: skip
+    if timed := [f"{r['setting']} ({_mode(r)}): " + _seconds(r["compositions"]) for r in records
+                 if all("seconds" in c for c in r["compositions"].values())]:  # fmt: skip
+        parts.append("seconds to generate each composition (comparable between engines that ran alone): "
+                     + "; ".join(timed))  # fmt: skip
     if chosen := [f"{r['setting']}: {_chosen(r['attention'])}" for r in records if "attention" in r]:
         parts.append("the engine chose: " + "; ".join(chosen))
     return "\n\n".join(["\n".join(lines), *parts]) + "\n"
+
+
+def _mode(record: dict) -> str:
+    """How a record's engine generated: sampling, eager or graphs, whose residual norm ran, cuBLAS presets."""
+    mode = ("greedy" if record["greedy"] else "seeded T=1") + (", eager" if record["eager"] else ", graphs")
+    if record.get("norm_patched"):
+        mode += ", the recipe's norm"
+    else:  # records from before --norm ran vLLM's own
+        mode += ", vLLM's norm" + (" (the recipe's was asked, not applied)" if record.get("norm") == "recipe" else "")
+    preset = {k: v for k, v in record.get("environment", {}).items() if k.startswith("CUBLAS") and v}
+    return mode + "".join(f", {k}={v}" for k, v in preset.items())
+
+
+def _seconds(compositions: dict) -> str:
+    return ", ".join(f"{name} {counts['seconds']:g}" for name, counts in compositions.items())
 
 
 def _rows(counts: dict) -> str:
