@@ -140,6 +140,13 @@ def test_two_real_runs_and_a_smokes_overrides_come_from_their_records(copy):
     twin.write_bytes(gzip.compress(record))  # the record's metrics as the twin's: nothing parts
     shown = evidence.twin_block(copy, "deadline-h100-62eb206", "record", "twin")
     assert "| first step where they part | none |" in shown and "| equal at every step (100) |" in shown
+    folder = copy / "evidence/deadline-h100-62eb206"
+    (folder / "twin-halt").mkdir()
+    (folder / "twin-halt/metrics.jsonl.gz").write_bytes(twin.read_bytes())  # a halted twin: its verdict of its own
+    verdicts = json.loads((folder / "replay.json").read_text())
+    (folder / "replay.json").write_text(json.dumps({**verdicts, "twin_halt": {"weights_equal": True}}))
+    shown = evidence.twin_block(copy, "deadline-h100-62eb206", "record", "twin-halt")
+    assert "| first step where they part | none |" in shown and "| last weights | equal |" in shown
     summary = copy / "evidence/smoke-rollout-correction-1gpu-62eb206/summary.jsonl"
     shown = evidence.smoke_block(copy, "smoke-rollout-correction-1gpu-62eb206")
     assert "`stapo` ran with `algorithm.rollout_correction.rollout_is=token`" in shown and "1.000032 / " in shown

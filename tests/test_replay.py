@@ -4,6 +4,7 @@ composes and checks each run's config, writes verl's metrics and checkpoints, an
 stand-in cannot show, that the tape gives a replayed run the recorded rollouts, tests/test_agent_loop.py shows."""
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -227,6 +228,49 @@ def test_the_deadline_script_runs_the_signal_and_deadline_legs(tmp_path):
     assert replay.check(args) is None  # the options, every leg's config, the new output folder
     usage = standins.run_gpu_script(tmp_path, "deadline.sh", "", "--help")[0]
     assert usage.returncode == 0 and "outlives its job" in usage.stdout
+
+
+def test_the_bitwise_script_probes_beside_the_twins_then_times_each_norm_alone(tmp_path):
+    """scripts/gpu/bitwise.sh as printed, from a folder that does not exist yet, with the same stand-in Python: the
+    model converted from --src, the task, the seeded and greedy probes with the recipe's norm beside the replay check
+    with its two twins (one halted after step 3) and no halted replayed legs, then the probe alone with vLLM's norm and
+    then with the recipe's, each with arguments the real parsers accept, and the table of the four records."""
+    import shlex
+
+    out, gguf = tmp_path / "new" / "bw", tmp_path / "sm.gguf"
+    gguf.write_bytes(b"GGUF")
+    done, lines = standins.run_gpu_script(tmp_path, "bitwise.sh", STANDIN, out, "--src", gguf)
+    assert done.returncode == 0, done.stderr
+    assert lines[0].startswith(f"-m stapo.tools.pretrained --out {out}/smollm2/raw --src {gguf}")
+    assert lines[1].startswith(f"-m stapo.quickstart.task word --difficulty 1 --train 48 --val 8 --out {out}/task")
+    model = out / "smollm2" / "raw"
+    probes = [shlex.split(line)[2:] for line in lines if line.split()[1:3] == ["stapo.checks.batch_invariance", "run"]]
+    fa3 = ["run", "--model", str(model), "--setting", "fa3"]
+    assert sorted(probes[:2]) == [[*fa3, "--greedy", "--out", f"{out}/bitwise/greedy.json", "(None)"],
+                                  [*fa3, "--out", f"{out}/bitwise/seeded.json", "(None)"]]  # fmt: skip
+    assert probes[2:] == [[*fa3, "--norm", "vllm", "--out", f"{out}/bitwise/alone-vllm.json", "(None)"],
+                          [*fa3, "--out", f"{out}/bitwise/alone-recipe.json", "(None)"]]  # fmt: skip
+    order = [line.split()[1] for line in lines]
+    assert order.index("stapo.checks.replay") < len(order) - 3  # the timed probes after the replay check ended
+    for probe in probes:  # the real parser takes each (it stops at the model folder, which the stand-in did not write)
+        parsed = subprocess.run([sys.executable, "-m", "stapo.checks.batch_invariance", *probe[:-1]],
+                                capture_output=True, text=True)  # fmt: skip
+        assert parsed.returncode == 2 and "no config.json there" in parsed.stderr, parsed.stderr
+    model.mkdir(parents=True)
+    (model / "config.json").write_text("{}")
+    (out / "task").mkdir()
+    (out / "task" / "train.parquet").write_bytes(b"")
+    [check] = [shlex.split(line)[2:-1] for line in lines if line.split()[1] == "stapo.checks.replay"]
+    args = replay.build_parser().parse_args(check)
+    assert (args.halt, args.signal, args.deadline, args.steps, args.twin, args.twin_halt) == ([], [], 0, 6, True, 3)
+    assert args.out == out / "replay" and replay.check(args) is None
+    [table] = [line.split()[3:-1] for line in lines if line.split()[1:3] == ["stapo.checks.batch_invariance", "table"]]
+    assert sorted(table) == sorted(
+        f"{out}/bitwise/{n}.json" for n in ("seeded", "greedy", "alone-vllm", "alone-recipe")
+    )
+    assert (out / "bitwise" / "table.md").is_file()
+    usage = standins.run_gpu_script(tmp_path, "bitwise.sh", "", "--help")[0]
+    assert usage.returncode == 0 and "Bit for bit end to end" in usage.stdout
 
 
 def test_a_missing_step_fails_unless_a_kill_took_its_log_line(tmp_path, monkeypatch):

@@ -279,15 +279,16 @@ def replay_block(root: Path, name: str, path: str = "replay/replay.json") -> str
 
 
 def twin_block(root: Path, name: str, first: str, second: str, verdicts: str = "replay.json") -> str:
-    """Two real runs of one command and seed (``stapo.checks.replay --twin``: ``determinism=full``, vLLM generating)
-    compared at every metric but time and memory, at every step both logged, from their ``metrics.jsonl.gz``: the
-    metrics equal at every step, the first step where any differs and what differs there
-    (:func:`stapo.tools.curves.parting`), and whether the last weights are equal (the check's ``verdicts``)."""
+    """Two real runs of one command and seed (``stapo.checks.replay --twin`` or ``--twin-halt``, the second then killed
+    and resumed: ``determinism=full``, vLLM generating) compared at every metric but time and memory, at every step
+    both logged, from their ``metrics.jsonl.gz``: the metrics equal at every step, the first step where any differs
+    and what differs there (:func:`stapo.tools.curves.parting`), and whether the last weights are equal (the check's
+    ``verdicts``, under the second run's name: ``twin`` or ``twin_halt``)."""
     folder = root / RECORDS / name
     a, b = (read_metrics(folder / run / "metrics.jsonl.gz") for run in (first, second))
     found = compare(a, b, keys=every_key(a, b))
     where = parting(found)
-    weights = json.loads((folder / verdicts).read_text())["twin"]["weights_equal"]
+    weights = json.loads((folder / verdicts).read_text())[second.replace("-", "_")]["weights_equal"]
     rows = [("metrics compared", len(found)),
             (f"equal at every step ({len(where['equal'])})", ", ".join(f"`{k}`" for k in where["equal"]) or "none"),
             ("first step where they part", where["first_step"] or "none"),

