@@ -6,6 +6,7 @@ Python. The GPU records are in evidence/ once run (issues 54, 65)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -69,7 +70,7 @@ def test_the_probe_finds_batch_dependence_and_only_that():
     assert all(isinstance(c["seconds"], float) and c["seconds"] >= 0 for c in found.values())
 
 
-def test_the_table_and_the_cli_refusals(tmp_path):
+def test_the_table_and_the_cli_refusals(tmp_path, monkeypatch, capsys):
     record = {"setting": "fa2", "greedy": False, "eager": True, "requests": 12, "compositions": {
         "together": {"responses": 0, "tokens": 0, "logprobs": 0, "max_logprob_gap": 0.0},
         "chunks": {"responses": 3, "tokens": 40, "logprobs": 7, "max_logprob_gap": 0.01}},
@@ -100,6 +101,16 @@ def test_the_table_and_the_cli_refusals(tmp_path):
     run = ["run", "--model", str(tmp_path), "--setting", "fa2", "--out", str(tmp_path / "r.json")]
     bad = subprocess.run([*probe, *run], capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "no config.json" in bad.stderr
+    assert not (tmp_path / "r.json").exists()
+    (tmp_path / "config.json").write_text("{}")  # a model folder, on a machine without vLLM
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    monkeypatch.delitem(sys.modules, "vllm", raising=False)
+    with pytest.raises(SystemExit) as stopped:
+        bi.main(run)
+    assert stopped.value.code == 2 and capsys.readouterr().err == (
+        "error: batch_invariance run needs vLLM, which is not installed: `pip install -e '.[gpu]'` on a GPU machine\n"
+    )
     assert not (tmp_path / "r.json").exists()
     assert set(bi.SETTINGS) == set(bi.UPSTREAM)
 

@@ -10,7 +10,7 @@ must end in a non-zero exit with exactly one ``error:`` line naming the option o
 work begins, with nothing new in the working folder; or, where :data:`MEANINGS` documents what the value means, reach
 the work. A new option joins the table by itself; a new entry point fails :func:`test_every_entry_point_is_in_the_table`
 until it is listed. Stand-ins: the CUDA device count for the GPU tools (``gpus``) and vLLM's presence for ``evaluate``
-(neither exists on a CPU).
+and ``batch_invariance`` (neither exists on a CPU).
 
 ``python -m stapo.train``'s typed keys are checked the same way through the trainer's checks
 (:func:`test_every_typed_key_of_the_trainer_is_checked`: the keys of the preflight's ``RANGES`` table out of range,
@@ -232,6 +232,7 @@ MEANINGS = {
     "--warmup-target": {"0": "no accuracy target: one warm-up round"},
     "--deadline": {"0": "no run stopped by a deadline"},
     "--signal-at": {"0": "no signal"},
+    "--twin-halt": {"0": "no halted twin"},
     "--label": {"junk!": "any name of the run's folder"},
     "--command": {"junk!": "the command as typed, whatever it is"},
     "--note": {"junk!": "what else ran on the host, in words"},
@@ -430,10 +431,12 @@ def run_case(command: str, argv: list[str], monkeypatch, capsys, work: Path) -> 
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: entry.gpus)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: entry.gpus > 0)
+    from stapo.checks import batch_invariance
     from stapo.tools import evaluate
     from stapo.train import preflight
 
     monkeypatch.setattr(evaluate.VLLMGenerator, "check", staticmethod(lambda: None))  # vLLM cannot exist here
+    monkeypatch.setattr(batch_invariance, "vllm_missing", lambda what: None)
     monkeypatch.setattr(preflight, "_gcs_servers", lambda: [])  # other processes' Ray clusters
     monkeypatch.chdir(work)
     try:

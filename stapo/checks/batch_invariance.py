@@ -53,7 +53,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from stapo.tools.io import output_problem, write_atomic
+from stapo.tools.io import output_problem, vllm_missing, write_atomic
 
 SETTINGS: dict[str, dict] = {
     "fa3": {"attention_config": {"backend": "FLASH_ATTN", "flash_attn_version": 3}},
@@ -658,6 +658,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     if problem := output_problem(args.out, "file", "--out") or (
         None if (args.model / "config.json").is_file() else f"--model {args.model}: no config.json there"
     ):
+        parser.exit(2, f"error: {problem}\n")
+    if problem := vllm_missing(f"batch_invariance {args.command}"):
         parser.exit(2, f"error: {problem}\n")
     choose_norm(args.norm)  # before the environment is recorded: VLLM_PLUGINS as the engine sees it
     start, environment = time.time(), {**{k: os.environ.get(k) for k in RECORDED_ENV}, **ENVIRONMENT}

@@ -20,12 +20,10 @@ import argparse
 import gc
 import hashlib
 import importlib
-import importlib.util
 import json
 import math
 import re
 import statistics
-import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -41,6 +39,7 @@ from stapo.tools.io import (
     number_problems,
     output_problem,
     read_parquet,
+    vllm_missing,
     write_atomic,
 )
 from stapo.tools.reward import grade_many
@@ -214,9 +213,8 @@ class VLLMGenerator:
     @staticmethod
     def check() -> None:
         """Stop before any output is written where vLLM is not installed."""
-        loaded = sys.modules.get("vllm", False)  # None: an import of it failed before
-        if loaded is None or (loaded is False and importlib.util.find_spec("vllm") is None):
-            raise EvalError("generation needs vLLM, which is not installed: `pip install -e '.[gpu]'` on a GPU machine")
+        if problem := vllm_missing("generation"):
+            raise EvalError(problem)
 
     def __call__(self, prompt_ids: Sequence[Sequence[int]], n: int) -> list[list[Completion]]:
         from vllm import LLM, SamplingParams

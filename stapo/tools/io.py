@@ -4,8 +4,10 @@ errors name the file and what was expected instead of a library traceback."""
 from __future__ import annotations
 
 import fcntl
+import importlib.util
 import json
 import os
+import sys
 import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -13,6 +15,15 @@ from pathlib import Path
 
 class DataFileError(ValueError):
     """A file that cannot be used; the message names it, says what is wrong and what was expected."""
+
+
+def vllm_missing(what: str) -> str | None:
+    """One line where vLLM is not installed (``what`` needs it), to stop on before any output is written; None
+    where it is (or was imported)."""
+    loaded = sys.modules.get("vllm", False)  # None: an import of it failed before
+    if loaded is None or (loaded is False and importlib.util.find_spec("vllm") is None):
+        return f"{what} needs vLLM, which is not installed: `pip install -e '.[gpu]'` on a GPU machine"
+    return None
 
 
 def _umask() -> int:
