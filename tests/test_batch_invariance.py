@@ -94,10 +94,13 @@ def test_the_table_and_the_cli_refusals(tmp_path, monkeypatch, capsys):
     assert done.stdout.endswith("(after the engine): fa2: 1 rows: 0, 64 rows: 5\n")
     assert "together" not in done.stdout and "seconds" not in done.stdout  # a record from before the timing
     timed = {name: {**counts, "seconds": s} for (name, counts), s in zip(record["compositions"].items(), (1.5, 20))}
-    (tmp_path / "fa2.json").write_text(json.dumps({**record, "compositions": timed}))
+    (tmp_path / "fa2.json").write_text(json.dumps({**record, "compositions": timed, "label": "alone-fa2"}))
     done = subprocess.run([*probe, "table", str(tmp_path / "fa2.json")], capture_output=True, text=True)
-    assert "seconds to generate each composition (comparable between engines that ran alone): fa2 (seeded T=1, " \
-           "eager, vLLM's norm, CUBLASLT_WORKSPACE_SIZE=1): together 1.5, chunks 20" in done.stdout  # fmt: skip
+    seconds = "seconds to generate each composition (comparable between engines that ran alone): fa2 (alone-fa2) "
+    assert (
+        seconds + "(seeded T=1, eager, vLLM's norm, CUBLASLT_WORKSPACE_SIZE=1): together 1.5, chunks 20" in done.stdout
+    )
+    assert "| fa2 (alone-fa2) | seeded T=1, eager, vLLM's norm, CUBLASLT_WORKSPACE_SIZE=1 | chunks |" in done.stdout
     run = ["run", "--model", str(tmp_path), "--setting", "fa2", "--out", str(tmp_path / "r.json")]
     bad = subprocess.run([*probe, *run], capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "no config.json" in bad.stderr

@@ -147,6 +147,21 @@ def test_two_real_runs_and_a_smokes_overrides_come_from_their_records(copy):
     (folder / "replay.json").write_text(json.dumps({**verdicts, "twin_halt": {"weights_equal": True}}))
     shown = evidence.twin_block(copy, "deadline-h100-62eb206", "record", "twin-halt")
     assert "| first step where they part | none |" in shown and "| last weights | equal |" in shown
+    assert "| steps compared | 1, 2, 3, 4, 5, 6 |" in shown and "| steps not compared | none |" in shown
+    lines = gzip.decompress(twin.read_bytes()).decode().splitlines(keepends=True)
+    kept = [line for line in lines if json.loads(line)["step"] != 3]  # its step-3 line lost at the kill
+    (folder / "twin-halt/metrics.jsonl.gz").write_bytes(gzip.compress("".join(kept).encode()))
+    (folder / "replay.json").write_text(json.dumps({**verdicts, "twin_halt": {"weights_equal": True, "halt": 3}}))
+    shown = evidence.twin_block(copy, "deadline-h100-62eb206", "record", "twin-halt")
+    assert (
+        "| steps compared | 1, 2, 4, 5, 6 |" in shown
+        and "| steps not compared | 3 (its line lost at the kill) |" in shown
+    )
+    (folder / "replay.json").write_text(
+        json.dumps({**verdicts, "twin_halt": {"failed": "see runs/twin-halt*/train.log"}})
+    )
+    shown = evidence.twin_block(copy, "deadline-h100-62eb206", "record", "twin-halt")
+    assert shown.endswith("| `twin-halt` | failed: see runs/twin-halt*/train.log |\n") and "weights" not in shown
     summary = copy / "evidence/smoke-rollout-correction-1gpu-62eb206/summary.jsonl"
     shown = evidence.smoke_block(copy, "smoke-rollout-correction-1gpu-62eb206")
     assert "`stapo` ran with `algorithm.rollout_correction.rollout_is=token`" in shown and "1.000032 / " in shown

@@ -3,6 +3,7 @@
 composes and checks each run's config, writes verl's metrics and checkpoints, and resumes as verl does). What the
 stand-in cannot show, that the tape gives a replayed run the recorded rollouts, tests/test_agent_loop.py shows."""
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -33,13 +34,15 @@ def args(tmp_path, task, *extra):
 def test_record_replay_halt_and_resume_compare_to_the_bit(tmp_path, task, monkeypatch, foreign_ray_ignored):
     """The halted run, and runs stopped by SIGUSR1 and by a deadline (stapo.train.deadline, in the stand-in as in the
     recipe's trainer), each resumed: all equal to the replay run; the stopped ones lose no step's metrics. The record
-    run's twin is compared and reported (the stand-in computes alike: no step where they part)."""
+    run's twin and its halted twin are compared and reported (the stand-in computes alike: no step where they part)."""
     monkeypatch.setattr(clusters, "HANDOVER_S", 1.0)
     monkeypatch.setattr(replay, "TRAINER", [sys.executable, str(standins.HERE), "train"])
     monkeypatch.setenv("STANDIN_STEP_S", "1")  # the halt and the signal must see a step before the run ends
-    # the deadline run's deadline: 30 s from its launch, closer than a step and a guessed save after its first step
+    # the deadline run's deadline: 60 s from its launch, after its start-up (which takes 10-40 s here, the longer on a
+    # loaded machine: a deadline already past is refused) and closer than a step and the 60 s guessed save after its
+    # first step, so that it stops there (stapo.train.deadline.must_stop)
     with pytest.raises(SystemExit) as done:
-        replay.main(args(tmp_path, task, "--steps", "4", "--halt", "2", "--signal", "1", "--deadline", "30", "--twin",
+        replay.main(args(tmp_path, task, "--steps", "4", "--halt", "2", "--signal", "1", "--deadline", "60", "--twin",
                          "--twin-halt", "2"))  # fmt: skip
     out = tmp_path / "out"
     assert done.value.code == 0, "\n".join(log.read_text()[-1500:] for log in (out / "runs").glob("*/train.log"))
@@ -55,7 +58,7 @@ def test_record_replay_halt_and_resume_compare_to_the_bit(tmp_path, task, monkey
     signalled = (out / "runs" / "signal1" / "train.log").read_text()
     assert "SIGUSR1 sent after step 1" in signalled and f"saved step {record['stopped_at']['signal1']} in" in signalled
     assert record["stopped_at"]["halt2"] == 2 and record["stopped_at"]["signal1"] in (2, 3)
-    assert record["stopped_at"]["deadline"] == 1 and record["deadline_s"] == 30.0
+    assert record["stopped_at"]["deadline"] == 1 and record["deadline_s"] == 60.0
     assert "(the deadline is " in (out / "runs" / "deadline" / "train.log").read_text()
     times = json.loads((out / "runs" / "deadline" / "times.json").read_text())  # when its steps appeared
     assert list(times) == ["1"]
@@ -67,6 +70,8 @@ def test_record_replay_halt_and_resume_compare_to_the_bit(tmp_path, task, monkey
     assert (out / "runs" / "twin" / "train.log").is_file() and (out / "twin" / "metrics.jsonl").is_file()
     halted = record["twin_halt"]  # the real run killed after step 2's checkpoint and resumed, generating all along
     assert halted["weights_equal"] and halted["first_step"] is None and halted["metrics"] > 3
+    assert halted["halt"] == 2 and set(halted["missing"]) <= {2} and set(halted["steps"]) | {2} == {1, 2, 3, 4}
+    assert twin["halt"] == 0 and twin["steps"] == [1, 2, 3, 4] and twin["missing"] == []
     assert "halted at the checkpoint of step 2" in (out / "runs" / "twin-halt" / "train.log").read_text()
     assert "step:1" not in (out / "runs" / "twin-halt-resumed" / "train.log").read_text()
     assert "## record against twin-halt" in (out / "replay.md").read_text()
@@ -79,14 +84,24 @@ def test_a_twin_that_fails_is_reported_and_costs_nothing_else(tmp_path, task, mo
     monkeypatch.setattr(clusters, "HANDOVER_S", 1.0)
     monkeypatch.setattr(replay, "TRAINER", [sys.executable, str(standins.HERE), "train"])
     monkeypatch.setattr(replay, "TWIN", replay.Leg("twin", "twin", "stapo.no_such_key", tape_dir="tape-twin"))
+    halted = dataclasses.replace(replay.twin_halt(1), tape="stapo.no_such_key")  # the halted twin fails too
+    monkeypatch.setattr(replay, "twin_halt", lambda at: halted)
     with pytest.raises(SystemExit) as done:
-        replay.main(args(tmp_path, task, "--steps", "2", "--halt", "--twin"))
+        replay.main(args(tmp_path, task, "--steps", "2", "--halt", "--twin", "--twin-halt", "1"))
     out = tmp_path / "out"
     assert done.value.code == 0, (out / "runs" / "record" / "train.log").read_text()[-1500:]
     record = json.loads((out / "replay.json").read_text())
     assert record["equal"] and record["twin"] == {"failed": f"see {out / 'runs' / 'twin' / 'train.log'}"}
+    assert record["twin_halt"] == {"failed": f"see {out / 'runs'}/twin-halt*/train.log"}
     assert "no_such_key" in (out / "runs" / "twin" / "train.log").read_text()
+    assert not (out / "runs" / "twin-halt-resumed").exists()  # a halted twin that failed is not resumed
     foreign_ray_ignored()
+
+
+def test_a_twin_whose_records_cannot_be_read_is_reported_failed(tmp_path):
+    """Unreadable metrics of a twin are its failure, reported, not the check's end."""
+    found, table = replay.twins(tmp_path, 2, replay.twin_halt(1))
+    assert set(found) == {"failed"} and "record/metrics.jsonl" in found["failed"] and table == ""
 
 
 def test_a_replay_whose_gradients_were_all_zero_shows_nothing(tmp_path, monkeypatch):
@@ -230,6 +245,20 @@ def test_the_deadline_script_runs_the_signal_and_deadline_legs(tmp_path):
     assert usage.returncode == 0 and "outlives its job" in usage.stdout
 
 
+BITWISE = (
+    STANDIN
+    + """import time
+if sys.argv[2] in ("stapo.checks.batch_invariance", "stapo.checks.replay") and "table" not in sys.argv:
+    time.sleep(0.5)  # a job that takes a while: its end is logged, so that what ran beside what shows
+    with open({calls!r}, "a") as calls:
+        calls.write("end " + sys.argv[sys.argv.index("--out") + 1] + "\\n")
+"""
+)
+
+
+BITWISE_RECORDS = ("seeded", "greedy", "alone-vllm", "alone-recipe")
+
+
 def test_the_bitwise_script_probes_beside_the_twins_then_times_each_norm_alone(tmp_path):
     """scripts/gpu/bitwise.sh as printed, from a folder that does not exist yet, with the same stand-in Python: the
     model converted from --src, the task, the seeded and greedy probes with the recipe's norm beside the replay check
@@ -239,7 +268,9 @@ def test_the_bitwise_script_probes_beside_the_twins_then_times_each_norm_alone(t
 
     out, gguf = tmp_path / "new" / "bw", tmp_path / "sm.gguf"
     gguf.write_bytes(b"GGUF")
-    done, lines = standins.run_gpu_script(tmp_path, "bitwise.sh", STANDIN, out, "--src", gguf)
+    (out / "bitwise").mkdir(parents=True)
+    (out / "bitwise" / "alone-vllm.json").write_text("{}")  # a record of an earlier try: not taken for this one's
+    done, lines = standins.run_gpu_script(tmp_path, "bitwise.sh", BITWISE, out, "--src", gguf)
     assert done.returncode == 0, done.stderr
     assert lines[0].startswith(f"-m stapo.tools.pretrained --out {out}/smollm2/raw --src {gguf}")
     assert lines[1].startswith(f"-m stapo.quickstart.task word --difficulty 1 --train 48 --val 8 --out {out}/task")
@@ -250,8 +281,14 @@ def test_the_bitwise_script_probes_beside_the_twins_then_times_each_norm_alone(t
                                   [*fa3, "--out", f"{out}/bitwise/seeded.json", "(None)"]]  # fmt: skip
     assert probes[2:] == [[*fa3, "--norm", "vllm", "--out", f"{out}/bitwise/alone-vllm.json", "(None)"],
                           [*fa3, "--out", f"{out}/bitwise/alone-recipe.json", "(None)"]]  # fmt: skip
-    order = [line.split()[1] for line in lines]
-    assert order.index("stapo.checks.replay") < len(order) - 3  # the timed probes after the replay check ended
+
+    def start(job):
+        return next(i for i, line in enumerate(lines) if line.startswith("-m") and f" --out {job} " in line)
+
+    seeded, greedy, alone_vllm, alone_recipe = (f"{out}/bitwise/{n}.json" for n in BITWISE_RECORDS)
+    before = max(lines.index(f"end {job}") for job in (seeded, greedy, f"{out}/replay"))
+    assert start(seeded) < lines.index(f"end {greedy}") and start(greedy) < lines.index(f"end {out}/replay")  # beside
+    assert before < start(alone_vllm) and lines.index(f"end {alone_vllm}") < start(alone_recipe)  # then alone, in turn
     for probe in probes:  # the real parser takes each (it stops at the model folder, which the stand-in did not write)
         parsed = subprocess.run([sys.executable, "-m", "stapo.checks.batch_invariance", *probe[:-1]],
                                 capture_output=True, text=True)  # fmt: skip
@@ -265,12 +302,13 @@ def test_the_bitwise_script_probes_beside_the_twins_then_times_each_norm_alone(t
     assert (args.halt, args.signal, args.deadline, args.steps, args.twin, args.twin_halt) == ([], [], 0, 6, True, 3)
     assert args.out == out / "replay" and replay.check(args) is None
     [table] = [line.split()[3:-1] for line in lines if line.split()[1:3] == ["stapo.checks.batch_invariance", "table"]]
-    assert sorted(table) == sorted(
-        f"{out}/bitwise/{n}.json" for n in ("seeded", "greedy", "alone-vllm", "alone-recipe")
-    )
+    assert sorted(table) == sorted(f"{out}/bitwise/{n}.json" for n in BITWISE_RECORDS)
     assert (out / "bitwise" / "table.md").is_file()
     usage = standins.run_gpu_script(tmp_path, "bitwise.sh", "", "--help")[0]
     assert usage.returncode == 0 and "Bit for bit end to end" in usage.stdout
+    silent = "#!{python}\nimport sys\nopen({calls!r}, 'a').write(' '.join(sys.argv[1:]) + '\\n')\n"  # no records
+    again = standins.run_gpu_script(tmp_path, "bitwise.sh", silent, out)[0]  # the same OUT: its records don't count
+    assert again.returncode == 1 and all(f"error: no {name} record" in again.stderr for name in BITWISE_RECORDS)
 
 
 def test_a_missing_step_fails_unless_a_kill_took_its_log_line(tmp_path, monkeypatch):

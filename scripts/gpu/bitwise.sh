@@ -11,6 +11,7 @@ usage() { sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; }
 source "$(dirname "$0")/lib.sh"
 out_and_model "$@"
 mkdir -p "$out/bitwise"
+rm -f "$out"/bitwise/*.json  # an earlier try's records: a probe that fails now must show as missing
 probe() {  # NAME [OPTION ...]: the probe in a process of its own, 15 minutes at most
   timeout 900 $PY -m stapo.checks.batch_invariance run --model "$model" --setting fa3 "${@:2}" \
     --out "$out/bitwise/$1.json" > "$out/bitwise/$1.log" 2>&1 || echo "$1: exit $?" >&2

@@ -7,21 +7,21 @@
         [--max-tokens 16] [--greedy] [--partner same|longer|many] [--norm recipe|vllm]
 
 ``run`` starts one vLLM engine with ``VLLM_BATCH_INVARIANT=1`` and the attention backend of ``--setting``
-(:data:`SETTINGS`), and generates the same seeded requests (word problems of mixed lengths, a seed each, as the
-recipe's ``determinism=full`` sends them) in several batch compositions (:func:`compositions`): all at once, the same
-again, reversed, in chunks, one at a time, in batches of 2-7, and mixed with other requests. Each composition is
-compared with the first, request by request (:func:`compare`): responses whose tokens differ, tokens that differ, and
-sampled-token log-probabilities that differ at all over the positions before the first differing token; each
-composition's seconds are kept too. Batch-invariant generation gives zeros everywhere; differences in ``again`` are
-not even run-to-run repeatable. Then, in the same process and so
-under the cuBLAS settings vLLM's engine left there, :func:`matmul_rows` asks whether a bfloat16 matrix product's rows
-depend on how many rows are multiplied at once (on Hopper, vLLM 0.24's batch-invariant matmuls rest on cuBLAS:
-``CUBLAS_WORKSPACE_CONFIG=:16:8`` and ``CUBLASLT_WORKSPACE_SIZE=1``, set in ``batch_invariant.py``). The record
-(``--out``, JSON) holds the setting, the engine's arguments, what the engine chose (:func:`attention_facts`: the
-attention backend, its implementation and FlashAttention version), the environment, the versions and the counts, and
-:func:`linear_rows` for the model's own projections (``F.linear`` with its weights' shapes, the LM head included) and
-:func:`residual_norm_rows` for the residual RMSNorm alone (vLLM's fused kernel and the recipe's, 8 rows against 300);
-``table`` puts records side by side, with the upstream issue each setting answers.
+(:data:`SETTINGS`), and generates the same seeded requests (word problems of mixed lengths, a seed each, as the recipe's
+``determinism=full`` sends them) in several batch compositions (:func:`compositions`): all at once, the same again,
+reversed, in chunks, one at a time, in batches of 2-7, and mixed with other requests. Each composition is compared with
+the first, request by request (:func:`compare`): responses whose tokens differ, tokens that differ, and sampled-token
+log-probabilities that differ at all over the positions before the first differing token; each composition's seconds are
+kept too. Batch-invariant generation gives zeros everywhere; differences in ``again`` are not even run-to-run
+repeatable. Then, in the same process and so under the cuBLAS settings vLLM's engine left there, :func:`matmul_rows`
+asks whether a bfloat16 matrix product's rows depend on how many rows are multiplied at once (on Hopper, vLLM 0.24's
+batch-invariant matmuls rest on cuBLAS: ``CUBLAS_WORKSPACE_CONFIG=:16:8`` and ``CUBLASLT_WORKSPACE_SIZE=1``, set in
+``batch_invariant.py``). The record (``--out``, JSON) holds the setting, its label (the file's name), the engine's
+arguments, what the engine chose (:func:`attention_facts`: the attention backend, its implementation and FlashAttention
+version), the environment, the versions and the counts, and :func:`linear_rows` for the model's own projections
+(``F.linear`` with its weights' shapes, the LM head included) and :func:`residual_norm_rows` for the residual RMSNorm
+alone (vLLM's fused kernel and the recipe's, 8 rows against 300); ``table`` puts records side by side, with the upstream
+issue each setting answers.
 
 ``locate`` asks where a request decoded alone first parts from the same request decoded beside others, the request
 first in the batch. In one eager engine it records every module's output in every forward pass, and the sampler's
@@ -565,7 +565,7 @@ def table(records: Sequence[dict]) -> str:
         mode = _mode(record)
         for name, counts in list(record["compositions"].items())[1:]:
             lines.append(
-                f"| {record['setting']} | {mode} | {name} | {counts['responses']} / {record['requests']} | "
+                f"| {_name(record)} | {mode} | {name} | {counts['responses']} / {record['requests']} | "
                 f"{counts['tokens']} | {counts['logprobs']} | {counts['max_logprob_gap']:.3g} | "
                 f"{UPSTREAM[record['setting']]} |"
             )
@@ -586,13 +586,19 @@ def table(records: Sequence[dict]) -> str:
                  for r in records if "residual_norm_rows_differing" in r]:  # fmt: skip
         parts.append(f"the residual RMSNorm, of {NORM_ROWS[0]} rows, rows that differ inside {NORM_ROWS[1]}: "
                      + "; ".join(norms))  # fmt: skip
-    if timed := [f"{r['setting']} ({_mode(r)}): " + _seconds(r["compositions"]) for r in records
+    if timed := [f"{_name(r)} ({_mode(r)}): " + _seconds(r["compositions"]) for r in records
                  if all("seconds" in c for c in r["compositions"].values())]:  # fmt: skip
         parts.append("seconds to generate each composition (comparable between engines that ran alone): "
                      + "; ".join(timed))  # fmt: skip
     if chosen := [f"{r['setting']}: {_chosen(r['attention'])}" for r in records if "attention" in r]:
         parts.append("the engine chose: " + "; ".join(chosen))
     return "\n\n".join(["\n".join(lines), *parts]) + "\n"
+
+
+def _name(record: dict) -> str:
+    """A record's setting, and its label (its file's name) where that says more."""
+    label = record.get("label")
+    return record["setting"] + (f" ({label})" if label and label != record["setting"] else "")
 
 
 def _mode(record: dict) -> str:
@@ -666,6 +672,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     llm, engine = start_engine(args.model, args.setting, args.eager, args.norm)
     record = {
         "setting": args.setting,
+        "label": args.out.stem,
         "engine": engine,
         "attention": llm.apply_model(attention_facts)[0],
         "environment": environment,

@@ -62,7 +62,7 @@ from stapo.checks.reproduce import to_markdown
 from stapo.checks.startup import command_problem
 from stapo.quickstart.experiment import KV_CACHE_BYTES, TRAINER, override_problem, state_digest
 from stapo.quickstart.tiny import replace_overrides, tiny_run_overrides
-from stapo.tools.curves import compare, every_key, gradient_steps, parting, read_metrics
+from stapo.tools.curves import ReportError, compare, compared_steps, every_key, gradient_steps, parting, read_metrics
 from stapo.tools.io import hold_folder, new_folder_problem, output_problem, write_atomic
 from stapo.train.clusters import launch
 
@@ -147,12 +147,11 @@ def comparisons(out: Path, legs: dict[str, int], steps: int) -> tuple[dict, str]
         other = read_metrics(out / folder / "metrics.jsonl")
         result = compare(reference, other, keys=every_key(reference, other))
         differ = sorted(key for key, values in result.items() if not values["equal"])
-        logged = {step for values in result.values() for step, _, _ in values["rows"]}
-        missing = sorted(set(range(1, steps + 1)) - logged)
+        logged, missing = compared_steps(result, steps)
         found[folder] = {
             "equal": not differ and set(missing) <= {halt_step},
             "metrics": len(result),
-            "steps": sorted(logged),
+            "steps": logged,
             "missing": missing,
             "differ": differ,
         }
@@ -183,17 +182,23 @@ def twin_halt(at: int) -> Leg:
     return Leg("twin-halt", "twin-halt", "stapo.record_rollouts", at, "kill", tape_dir="tape-twin-halt")
 
 
-def twins(out: Path, steps: int, folder: str = TWIN.folder) -> tuple[dict, str]:
-    """The record run against a real run of the same command (``folder``: the twin, or the halted twin) at every
-    metric (:func:`stapo.tools.curves.every_key`) and step: where they part (:func:`stapo.tools.curves.parting`) and
-    whether their last weights are equal (JSON-ready), and the table (Markdown)."""
-    a, b = (read_metrics(out / name / "metrics.jsonl") for name in ("record", folder))
+def twins(out: Path, steps: int, leg: Leg = TWIN) -> tuple[dict, str]:
+    """The record run against a real run of the same command (``leg``: the twin, or the halted twin) at every metric
+    (:func:`stapo.tools.curves.every_key`) and step: the steps compared and those missing (a halted twin may miss its
+    halt step, as in :func:`comparisons`: ``halt``), where they part (:func:`stapo.tools.curves.parting`) and whether
+    their last weights are equal (JSON-ready), and the table (Markdown). Unreadable metrics or weights make it
+    ``{"failed": why}``: it is reported, never the check's end."""
+    try:
+        a, b = (read_metrics(out / name / "metrics.jsonl") for name in ("record", leg.folder))
+        digests = [weights_digest(out / name / "ckpt", steps) for name in ("record", leg.folder)]
+    except (ReportError, OSError, RuntimeError) as error:
+        return {"failed": str(error)}, ""
     result = compare(a, b, keys=every_key(a, b))
-    digests = [weights_digest(out / name / "ckpt", steps) for name in ("record", folder)]
-    equal = None not in digests and digests[0] == digests[1]
-    found = {"metrics": len(result), **parting(result), "weights_equal": equal}
-    title = f"## record against {folder} (two real runs of one seed: reported, not part of the verdict)"
-    return found, f"{title}\n\n{to_markdown(result, ('record', folder))}"
+    logged, missing = compared_steps(result, steps)
+    found = {"metrics": len(result), "steps": logged, "missing": missing, "halt": leg.halt, **parting(result)}
+    found["weights_equal"] = None not in digests and digests[0] == digests[1]
+    title = f"## record against {leg.folder} (two real runs of one seed: reported, not part of the verdict)"
+    return found, f"{title}\n\n{to_markdown(result, ('record', leg.folder))}"
 
 
 def halt(at: int, checkpoints: Path, command: Sequence[str]) -> int:
@@ -344,7 +349,7 @@ def run(args: argparse.Namespace) -> int:
         if leg.name in first or f"{leg.name}-resumed" in resumed:
             record["twin_halt"] = {"failed": f"see {args.out / 'runs'}/{leg.name}*/train.log"}
         else:
-            record["twin_halt"], halt_table = twins(args.out, args.steps, leg.folder)
+            record["twin_halt"], halt_table = twins(args.out, args.steps, leg)
             tables += f"\n{halt_table}"
     verdict = "identical to the bit" if record["equal"] else "differ"
     if not record["weights_moved"]:

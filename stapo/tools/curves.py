@@ -80,6 +80,13 @@ def same(x: float, y: float) -> bool:
     return x == y or (math.isnan(x) and math.isnan(y))
 
 
+def compared_steps(result: dict, steps: int) -> tuple[list[int], list[int]]:
+    """The steps of 1..``steps`` at which :func:`compare` found a value of both runs, and those at which it found
+    none (a step one run did not log)."""
+    logged = {step for found in result.values() for step, _, _ in found["rows"]}
+    return sorted(logged), sorted(set(range(1, steps + 1)) - logged)
+
+
 def parting(result: dict) -> dict:
     """Where two runs compared by :func:`compare` part: the metrics equal at every step both logged (``equal``), the
     others (``differ``), among them those no step of both runs holds (``one_sided``: logged by one run only), the first

@@ -37,6 +37,7 @@ from stapo.s2t import DEFAULTS, distinct_silenced
 from stapo.tools.curves import (
     band,
     compare,
+    compared_steps,
     every_key,
     figure_data,
     gradient_steps,
@@ -281,15 +282,23 @@ def replay_block(root: Path, name: str, path: str = "replay/replay.json") -> str
 def twin_block(root: Path, name: str, first: str, second: str, verdicts: str = "replay.json") -> str:
     """Two real runs of one command and seed (``stapo.checks.replay --twin`` or ``--twin-halt``, the second then killed
     and resumed: ``determinism=full``, vLLM generating) compared at every metric but time and memory, at every step
-    both logged, from their ``metrics.jsonl.gz``: the metrics equal at every step, the first step where any differs
-    and what differs there (:func:`stapo.tools.curves.parting`), and whether the last weights are equal (the check's
-    ``verdicts``, under the second run's name: ``twin`` or ``twin_halt``)."""
+    both logged, from their ``metrics.jsonl.gz``: the steps compared and those not (a halted twin may lack its halt
+    step's line), the metrics equal at every step, the first step where any differs and what differs there
+    (:func:`stapo.tools.curves.parting`), and whether the last weights are equal (the check's ``verdicts``, under the
+    second run's name: ``twin`` or ``twin_halt``). A second run that failed is shown as failed."""
     folder = root / RECORDS / name
+    verdict = json.loads((folder / verdicts).read_text())[second.replace("-", "_")]
+    head = "| two runs of one seed | |\n|---|---|\n"
+    if "failed" in verdict:
+        return head + f"| `{second}` | failed: {_cell(verdict['failed'])} |\n"
     a, b = (read_metrics(folder / run / "metrics.jsonl.gz") for run in (first, second))
     found = compare(a, b, keys=every_key(a, b))
     where = parting(found)
-    weights = json.loads((folder / verdicts).read_text())[second.replace("-", "_")]["weights_equal"]
+    logged, missing = compared_steps(found, max((s for v in (*a.values(), *b.values()) for s in v), default=0))
+    lost = " (its line lost at the kill)" if missing == [verdict.get("halt")] else ""
     rows = [("metrics compared", len(found)),
+            ("steps compared", ", ".join(map(str, logged)) or "none"),
+            ("steps not compared", ", ".join(map(str, missing)) + lost if missing else "none"),
             (f"equal at every step ({len(where['equal'])})", ", ".join(f"`{k}`" for k in where["equal"]) or "none"),
             ("first step where they part", where["first_step"] or "none"),
             ("logged by one run only", ", ".join(f"`{k}`" for k in where["one_sided"]) or "none")]  # fmt: skip
@@ -301,9 +310,8 @@ def twin_block(root: Path, name: str, first: str, second: str, verdicts: str = "
         values = "; ".join(f"`{k}` {a[k][step]:.6g} / {b[k][step]:.6g}" for k in shown)
         among = f", among them {values} ({first} / {second})" if values else ""
         rows.append((f"metrics that differ at step {step}", f"{len(where['first_metrics'])} of {len(found)}{among}"))
-    rows.append(("last weights", "equal" if weights else "different"))
-    lines = ["| two runs of one seed | |", "|---|---|", *(f"| {k} | {_cell(v)} |" for k, v in rows)]
-    return "\n".join(lines) + "\n"
+    rows.append(("last weights", "equal" if verdict["weights_equal"] else "different"))
+    return head + "".join(f"| {k} | {_cell(v)} |\n" for k, v in rows)
 
 
 MODE_PHASES = (("step", "timing_s/step"), ("generation", "timing_s/gen"), ("old log-probs", "timing_s/old_log_prob"),
