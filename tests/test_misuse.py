@@ -9,8 +9,8 @@ path under a file, or a folder that cannot be written (``chattr +i``, or ``chmod
 must end in a non-zero exit with exactly one ``error:`` line naming the option or the value, no traceback, before the
 work begins, with nothing new in the working folder; or, where :data:`MEANINGS` documents what the value means, reach
 the work. A new option joins the table by itself; a new entry point fails :func:`test_every_entry_point_is_in_the_table`
-until it is listed. Stand-ins: the CUDA device count for the GPU tools (``gpus``) and vLLM's presence for ``evaluate``
-and ``batch_invariance`` (neither exists on a CPU).
+until it is listed. Stand-ins: the CUDA device count for the GPU tools (``gpus``) and vLLM's presence for the tools that
+generate with it (neither exists on a CPU).
 
 ``python -m stapo.train``'s typed keys are checked the same way through the trainer's checks
 (:func:`test_every_typed_key_of_the_trainer_is_checked`: the keys of the preflight's ``RANGES`` table out of range,
@@ -409,8 +409,9 @@ def tree(folder: Path) -> set[str]:
     return {str(p.relative_to(folder)) for p in folder.rglob("*")}
 
 
-def run_case(command: str, argv: list[str], monkeypatch, capsys, work: Path) -> tuple[str, str]:
-    """Run the entry point; ("reached" | "returned" | "exit CODE", what it printed)."""
+def run_case(command: str, argv: list[str], monkeypatch, capsys, work: Path, vllm: bool = True) -> tuple[str, str]:
+    """Run the entry point (with vLLM taken as installed, unless ``vllm`` is False); ("reached" | "returned" | "exit
+    CODE", what it printed)."""
     entry = ENTRIES[command]
     module = importlib.import_module(command.split()[0])
 
@@ -431,12 +432,14 @@ def run_case(command: str, argv: list[str], monkeypatch, capsys, work: Path) -> 
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: entry.gpus)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: entry.gpus > 0)
-    from stapo.checks import batch_invariance
-    from stapo.tools import evaluate
+    from stapo.checks import batch_invariance, benchmark
+    from stapo.tools import evaluate, probe
     from stapo.train import preflight
 
-    monkeypatch.setattr(evaluate.VLLMGenerator, "check", staticmethod(lambda: None))  # vLLM cannot exist here
-    monkeypatch.setattr(batch_invariance, "vllm_missing", lambda what: None)
+    if vllm:  # vLLM cannot exist here
+        monkeypatch.setattr(evaluate.VLLMGenerator, "check", staticmethod(lambda: None))
+        for tool in (batch_invariance, benchmark, probe):
+            monkeypatch.setattr(tool, "vllm_missing", lambda what: None)
     monkeypatch.setattr(preflight, "_gcs_servers", lambda: [])  # other processes' Ray clusters
     monkeypatch.chdir(work)
     try:
@@ -476,6 +479,26 @@ def test_each_valid_command_line_reaches_its_work(command, assets, tmp_path, mon
     argv = [a.replace("{A}", str(assets)).replace("{W}", str(tmp_path)) for a in ENTRIES[command].argv]
     outcome, printed = run_case(command, argv, monkeypatch, capsys, tmp_path)
     assert outcome in ("reached", "returned", "exit 0"), printed[-2000:]
+
+
+@pytest.mark.parametrize("command", [c for c in ENTRIES if c.startswith(("stapo.tools.evaluate", "stapo.tools.probe",
+                                     "stapo.checks.benchmark vllm", "stapo.checks.batch_invariance run",
+                                     "stapo.checks.batch_invariance locate"))])  # fmt: skip
+def test_a_tool_that_generates_with_vllm_says_so_in_one_line_where_it_is_missing(
+    command, assets, tmp_path, monkeypatch, capsys
+):
+    """A valid command line on a machine without vLLM: one line that names vLLM and how to install it, before the work
+    and with nothing written."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "vllm", None)  # as after a failed import of it
+    argv = [a.replace("{A}", str(assets)).replace("{W}", str(tmp_path)) for a in ENTRIES[command].argv]
+    before = tree(tmp_path)
+    outcome, printed = run_case(command, argv, monkeypatch, capsys, tmp_path, vllm=False)
+    errors = [line for line in printed.splitlines() if "error:" in line]
+    assert outcome.startswith("exit") and outcome != "exit 0" and "Traceback" not in printed, printed[-2000:]
+    assert len(errors) == 1 and "needs vLLM, which is not installed" in errors[0] and "pip install" in errors[0]
+    assert tree(tmp_path) == before
 
 
 @pytest.mark.parametrize("command, name, kind, token", generated_cases())

@@ -65,6 +65,7 @@ from stapo.tools.io import (
     number_problems,
     output_problem,
     parquet_columns,
+    vllm_missing,
     write_atomic,
 )
 
@@ -684,6 +685,7 @@ def argument_problems(args: argparse.Namespace) -> list[str]:
     """The benchmark's options that cannot work, one line each, before any GPU work."""
     found = number_problems(args, positive=POSITIVE.get(args.what, ()))
     if args.what == "vllm":
+        found += [problem for problem in [vllm_missing("benchmark vllm")] if problem]
         found += number_problems(args, fractions=("gpu_memory_utilization",))
         found += [f"--model {p}" for p in model_folder_problems(args.model, str(args.model))]
         try:

@@ -43,6 +43,7 @@ from stapo.tools.io import (
     output_problem,
     parquet_columns,
     read_parquet,
+    vllm_missing,
     write_atomic,
 )
 from stapo.tools.reward import grade_many
@@ -360,6 +361,8 @@ def check_args(args: argparse.Namespace) -> list[str]:
         problems.append(f"--prompts {args.prompts} is fewer than one mini-batch (--mini-batch {args.mini_batch})")
     if not 0 <= args.q <= 1:
         problems.append(f"--q {args.q}: must be in [0, 1]")
+    if args.engine == "vllm" and (missing := vllm_missing("--engine vllm")):
+        problems.append(f"{missing} (or --engine hf: transformers)")
     return problems
 
 
