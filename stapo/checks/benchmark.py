@@ -685,7 +685,6 @@ def argument_problems(args: argparse.Namespace) -> list[str]:
     """The benchmark's options that cannot work, one line each, before any GPU work."""
     found = number_problems(args, positive=POSITIVE.get(args.what, ()))
     if args.what == "vllm":
-        found += [problem for problem in [vllm_missing("benchmark vllm")] if problem]
         found += number_problems(args, fractions=("gpu_memory_utilization",))
         found += [f"--model {p}" for p in model_folder_problems(args.model, str(args.model))]
         try:
@@ -793,6 +792,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.exit(2, f"error: {problem}\n")
     if args.what != "mask" and not torch.cuda.is_available():
         parser.exit(2, f"error: benchmark {args.what} runs on a CUDA GPU and none is visible; `mask` runs on the CPU\n")
+    if args.what == "vllm" and (missing := vllm_missing("benchmark vllm")):  # the inputs first, then the machine
+        parser.exit(2, f"error: {missing}\n")
     if args.what == "mask":
         result = bench_mask(args.responses, args.length, args.repeats)
     elif args.what == "attention":
