@@ -182,7 +182,7 @@ def twin_halt(at: int) -> Leg:
     return Leg("twin-halt", "twin-halt", "stapo.record_rollouts", at, "kill", tape_dir="tape-twin-halt")
 
 
-def twins(out: Path, steps: int, leg: Leg = TWIN) -> tuple[dict, str]:
+def twins(out: Path, steps: int, leg: Leg) -> tuple[dict, str]:
     """The record run against a real run of the same command (``leg``: the twin, or the halted twin) at every metric
     (:func:`stapo.tools.curves.every_key`) and step: the steps compared and those missing (a halted twin may miss its
     halt step, as in :func:`comparisons`: ``halt``), where they part (:func:`stapo.tools.curves.parting`) and whether
@@ -339,18 +339,13 @@ def run(args: argparse.Namespace) -> int:
     record["stopped_at"] = {leg.folder: saved_step(args.out / leg.folder / "ckpt", args.steps) for leg in stopped}
     record["deadline_s"] = next((leg.deadline_s for leg in stopped if leg.stop == "deadline"), None)
     record["equal"] = record["equal"] and None not in record["stopped_at"].values()
-    if args.twin and TWIN.name in first:
-        record["twin"] = {"failed": f"see {args.out / 'runs' / TWIN.name / 'train.log'}"}
-    elif args.twin:
-        record["twin"], twin_table = twins(args.out, args.steps)
-        tables += f"\n{twin_table}"
-    if args.twin_halt:
-        leg = twin_halt(args.twin_halt)
-        if leg.name in first or f"{leg.name}-resumed" in resumed:
-            record["twin_halt"] = {"failed": f"see {args.out / 'runs'}/{leg.name}*/train.log"}
+    for leg in real:  # each under its folder's name: twin, twin_halt
+        key = leg.folder.replace("-", "_")
+        if leg.name in first or f"{leg.name}-resumed" in resumed:  # a halted twin's logs: its run and its resumption
+            record[key] = {"failed": f"see {args.out / 'runs'}/{leg.name}{'*' * bool(leg.stop)}/train.log"}
         else:
-            record["twin_halt"], halt_table = twins(args.out, args.steps, leg)
-            tables += f"\n{halt_table}"
+            record[key], table = twins(args.out, args.steps, leg)
+            tables += f"\n{table}"
     verdict = "identical to the bit" if record["equal"] else "differ"
     if not record["weights_moved"]:
         verdict = "not shown: the replay run's actor/grad_norm was 0 at every step (a reward that never varied)"
