@@ -12,10 +12,7 @@ source "$(dirname "$0")/lib.sh"
 out_and_model "$@"
 mkdir -p "$out/bitwise"
 rm -f "$out"/bitwise/*.json  # an earlier try's records: a probe that fails now must show as missing
-probe() {  # NAME [OPTION ...]: the probe in a process of its own, 15 minutes at most
-  timeout 900 $PY -m stapo.checks.batch_invariance run --model "$model" --setting fa3 "${@:2}" \
-    --out "$out/bitwise/$1.json" > "$out/bitwise/$1.log" 2>&1 || echo "$1: exit $?" >&2
-}
+probe() { engine_job "$out/bitwise" "$1" run fa3 "${@:2}"; }  # NAME [OPTION ...]: the probe, FlashAttention 3
 [ -f "$out/task/train.parquet" ] || $PY -m stapo.quickstart.task word --difficulty 1 --train 48 --val 8 --out "$out/task"
 probe seeded &
 probe greedy --greedy &
@@ -25,9 +22,7 @@ $PY -m stapo.checks.replay run --model "$model" --data "$out/task" --out "$out/r
 wait
 probe alone-vllm --norm vllm
 probe alone-recipe
-for name in seeded greedy alone-vllm alone-recipe; do
-  [ -f "$out/bitwise/$name.json" ] || { echo "error: no $name record; see $out/bitwise/$name.log" >&2; code=1; }
-done
+engine_records "$out/bitwise" seeded greedy alone-vllm alone-recipe || code=1
 records=("$out"/bitwise/*.json)
 [ ! -f "${records[0]}" ] || $PY -m stapo.checks.batch_invariance table "${records[@]}" | tee "$out/bitwise/table.md"
 exit $code

@@ -19,6 +19,18 @@ out_and_model() {  # "$@" of a script run as `SCRIPT OUT [--src FILE]`: --help (
 smollm2() {  # FOLDER: SmolLM2-135M-Instruct in FOLDER (python -m stapo.tools.pretrained, from ${src[@]}), once
   [ -f "$1/config.json" ] || $PY -m stapo.tools.pretrained --out "$1" "${src[@]}"
 }
+engine_job() {  # DIR NAME COMMAND SETTING [OPTION ...]: python -m stapo.checks.batch_invariance COMMAND on $model (from
+  # out_and_model) in a process of its own, 15 minutes at most; its record DIR/NAME.json, its log DIR/NAME.log
+  timeout 900 $PY -m stapo.checks.batch_invariance "$3" --model "$model" --setting "$4" "${@:5}" \
+    --out "$1/$2.json" > "$1/$2.log" 2>&1 || echo "$2: exit $?" >&2
+}
+engine_records() {  # DIR NAME ...: a line for each NAME without its record DIR/NAME.json, and status 1 if any
+  local name code=0
+  for name in "${@:2}"; do
+    [ -f "$1/$name.json" ] || { echo "error: no $name record; see $1/$name.log" >&2; code=1; }
+  done
+  return $code
+}
 ladder() {  # OUT: the ladder's model, task and warm-up (docs/history.md, section 10) under OUT, once; sets warm, task
   warm="$1/smollm2-warm/step-300" task="$1/tasks/mixed"
   [ -f "$warm/config.json" ] && return 0

@@ -10,10 +10,7 @@ usage() { sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; }
 source "$(dirname "$0")/lib.sh"
 out_and_model "$@"
 mkdir -p "$out/locate"
-job() {  # NAME COMMAND SETTING [OPTION ...]: one engine in a process of its own, 15 minutes at most
-  timeout 900 $PY -m stapo.checks.batch_invariance "$2" --model "$model" --setting "$3" "${@:4}" \
-    --out "$out/locate/$1.json" > "$out/locate/$1.log" 2>&1 || echo "$1: exit $?" >&2
-}
+job() { engine_job "$out/locate" "$@"; }  # NAME COMMAND SETTING [OPTION ...]
 job probe-fa3-vllm run fa3 --norm vllm &
 job probe-fa3 run fa3 &
 job probe-triton run triton &
@@ -21,9 +18,7 @@ job fa3-many-vllm locate fa3 --partner many --max-tokens 64 --norm vllm &
 job fa3-many locate fa3 --partner many --max-tokens 64 &
 wait
 code=0
-for name in probe-fa3-vllm probe-fa3 probe-triton fa3-many-vllm fa3-many; do
-  [ -f "$out/locate/$name.json" ] || { echo "error: no $name record; see $out/locate/$name.log" >&2; code=1; }
-done
+engine_records "$out/locate" probe-fa3-vllm probe-fa3 probe-triton fa3-many-vllm fa3-many || code=1
 probes=("$out"/locate/probe-*.json)
 [ ! -f "${probes[0]}" ] || $PY -m stapo.checks.batch_invariance table "${probes[@]}" | tee "$out/locate/table.md"
 exit $code
