@@ -123,6 +123,9 @@ ENTRIES = {
     ),
     "stapo.quickstart.experiment summary": Entry(("summary", "{A}/experiment", "--plots", "{W}/plots")),
     "stapo.tools.selection pilot": Entry(("pilot", "{A}/experiment"), work=("stapo.tools.selection:pilot_rows",)),
+    "stapo.tools.selection verdict": Entry(
+        ("verdict", "{A}/experiment"), work=("stapo.tools.selection:verdict",), kinds={"folders": "folder"}
+    ),
     "stapo.checks.gpu_smoke": Entry(
         (
             "--out",
@@ -347,6 +350,7 @@ def assets(tmp_path_factory):
             for step in (1, 2):
                 logger.log({"critic/score/mean": 0.5, "actor/entropy": 0.3, "timing_s/step": 4.0}, step=step)
             logger.finish()
+    (root / "experiment" / "experiment.json").write_text(json.dumps({"steps": "2"}))
     return root
 
 

@@ -4,6 +4,7 @@ seed without collapsing), the power arithmetic against published t quantiles, an
 
 from __future__ import annotations
 
+import json
 import math
 import shlex
 from pathlib import Path
@@ -13,6 +14,7 @@ import standins
 from verl.utils.tracking import FileLogger
 
 from stapo.quickstart import experiment as ex
+from stapo.tools import evidence
 from stapo.tools import selection as sel
 
 
@@ -96,3 +98,122 @@ def test_the_pilot_script_runs_the_ladders_model_and_four_justrl_runs(tmp_path):
     assert lines[4] == f"-m stapo.tools.selection pilot {out}/pilot"
     refused = standins.run_gpu_script(tmp_path, "selection.sh", "", "block", out)[0]
     assert refused.returncode == 2 and "the one stage is pilot" in refused.stderr
+
+
+def test_tost_against_the_t_table():
+    a = 3 * sel.MARGIN / 1.8331  # t(0.95, 9): ±a five times each has mean 0 and standard error a / 3
+    assert sel.tost([a, -a] * 5) == pytest.approx(0.05, abs=1e-4)
+    shifted = [d + 0.01 for d in [a, -a] * 5]  # the nearer bound decides: (0.02 - 0.01) / (a / 3) = 0.9166
+    assert sel.tost(shifted) == pytest.approx(sel.t_sf(0.9166, 9), abs=1e-4) and sel.tost(shifted) > 0.05
+    assert sel.tost([0.001] * 10) == 0.0 and sel.tost([0.03] * 10) == 1.0
+
+
+def write_block(monkeypatch, folder: Path, seeds, accuracy, slope=lambda arm, seed: 0.2, silenced=lambda arm, seed: 3,
+                steps: int = 10, settings: dict | None = None):  # fmt: skip
+    """A block of the main runs as `experiment run` writes it: experiment.json, and per arm and seed a run whose
+    entropy rises by ``slope`` a step, validated at steps 5 and 10 with ``accuracy(arm, seed)``, silencing
+    ``silenced(arm, seed)`` of 4 candidates a step; a run with ``accuracy`` None stops at step 7."""
+    folder.mkdir(parents=True)
+    (folder / "experiment.json").write_text(json.dumps(settings or {"steps": "10", "model": str(folder)}))
+    for arm in sel.ARMS:
+        for seed in seeds:
+            acc, rate, quiet = accuracy(arm, seed), slope(arm, seed), silenced(arm, seed)
+            run = folder / "runs" / f"{arm}-s{seed}"
+            run.mkdir(parents=True)
+            monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(run / "metrics.jsonl"))
+            logger = FileLogger("stapo", "main")
+            for step in range(1, (steps if acc is not None else 7) + 1):
+                data = {"actor/entropy": 1.0 + rate * step, "critic/score/mean": 0.3, "s2t/candidate_tokens": 4.0,
+                        "s2t/spurious_tokens": float(quiet)}  # fmt: skip
+                if step % 5 == 0:
+                    data["val-core/word/acc/mean@4"] = acc
+                logger.log(data, step)
+            logger.finish()
+
+
+def main_blocks(monkeypatch, tmp_path, accuracy, **kwargs):
+    blocks = [tmp_path / f"selection-{n}" for n in range(1, 6)]
+    for n, block in enumerate(blocks):
+        write_block(monkeypatch, block, (20 + 2 * n, 21 + 2 * n), accuracy, **kwargs)
+    return blocks
+
+
+def noise(seed: int) -> float:
+    return ((seed * 7919) % 11 - 5) / 1000  # a fixed spread of ±0.5 points across seeds
+
+
+def test_the_verdict_says_stapo_beats_random_and_justrl(monkeypatch, tmp_path, capsys):
+    gains = {"justrl": 0.0, "stapo_random": 0.01, "stapo": 0.05}
+    blocks = main_blocks(monkeypatch, tmp_path, lambda arm, seed: 0.4 + gains[arm] + (noise(seed) if arm == "stapo"
+                         else 0.0))  # fmt: skip
+    tables, lines = sel.report(blocks)
+    assert lines[0].startswith(sel.VERDICT + "STAPO − random +4.0 points") and lines[0].endswith(
+        "Holm significant: S2T's choice of tokens matters here"
+    )
+    assert lines[1].startswith(sel.VERDICT + "STAPO − JustRL +5.0 points") and "STAPO beats JustRL" in lines[1]
+    assert "| selection-3 | stapo-s24 | yes | +1.000 | " in tables and "| 0.750 |" in tables
+    assert "| justrl-s20 | yes | +1.000 | 40.0 | 4.0 | (observed) |" in tables
+    capsys.readouterr()
+    sel.main(["verdict", *map(str, blocks)])
+    assert capsys.readouterr().out.rstrip().endswith(lines[1])
+
+
+def test_a_null_reads_as_equivalence_within_the_margin(monkeypatch, tmp_path):
+    blocks = main_blocks(monkeypatch, tmp_path, lambda arm, seed: 0.4 + (noise(seed) if arm == "stapo" else 0.0))
+    lines = sel.report(blocks)[1]
+    assert lines[0].endswith("the choice does not matter here") and "within ±2 (TOST p" in lines[0]
+    assert lines[1].endswith(": not shown")
+    wide = main_blocks(monkeypatch, tmp_path / "wide", lambda arm, seed: 0.4 + (10 * noise(seed) if arm == "stapo"
+                       else 0.0))  # fmt: skip
+    assert sel.report(wide)[1][0].endswith(": inconclusive")  # ±5 points of spread: neither shown
+
+
+@pytest.mark.parametrize(
+    ("case", "said"),
+    [
+        ("unfinished", "no verdict: 9 of 10 seeds have all three arms finished"),
+        ("no drift", "regime not reached: JustRL drifted by 0.5 nats in 6 of 10 seeds (7 needed)"),
+        ("idle mask", "no verdict: the mask did not act in stapo_random-s25"),
+    ],
+)
+def test_the_checks_come_before_the_contrasts(monkeypatch, tmp_path, case, said):
+    accuracy = (lambda arm, seed: None if (arm, seed) == ("stapo", 27) else 0.4) if case == "unfinished" else (
+        lambda arm, seed: 0.4)  # fmt: skip
+    slope = (lambda arm, seed: 0.0 if seed < 24 else 0.2) if case == "no drift" else (lambda arm, seed: 0.2)
+    silenced = (lambda arm, seed: 1 if (arm, seed) == ("stapo_random", 25) else 3) if case == "idle mask" else (
+        lambda arm, seed: 3)  # fmt: skip
+    tables, lines = sel.report(main_blocks(monkeypatch, tmp_path, accuracy, slope=slope, silenced=silenced))
+    assert lines == [sel.VERDICT + said]
+    assert ("| stapo-s27 | no |" in tables) == (case == "unfinished")
+
+
+def test_blocks_of_other_settings_or_a_run_finished_twice_are_refused(monkeypatch, tmp_path):
+    one = tmp_path / "a"
+    write_block(monkeypatch, one, (20,), lambda arm, seed: 0.4)
+    other = tmp_path / "b"
+    write_block(monkeypatch, other, (21,), lambda arm, seed: 0.4, settings={"steps": "10", "lrs": "[5e-05]"})
+    with pytest.raises(sel.ReportError, match=r"b: lrs differ from .*a; the blocks share one regime"):
+        sel.report([one, other])
+    again = tmp_path / "c"
+    write_block(monkeypatch, again, (20,), lambda arm, seed: 0.4)
+    with pytest.raises(sel.ReportError, match=r"c: justrl-s20 finished in two blocks; keep one"):
+        sel.report([one, again])
+
+
+def test_the_evidence_page_shows_the_verdict_its_records_give(monkeypatch, tmp_path):
+    """A page's ``selection`` block (stapo.tools.evidence) is the table and verdict lines of the blocks it names, and
+    a block naming a record that contradicts the others gets one line."""
+    gains = {"justrl": 0.0, "stapo_random": 0.0, "stapo": 0.03}
+    blocks = main_blocks(monkeypatch, tmp_path / "evidence", lambda arm, seed: 0.4 + gains[arm] + noise(seed))
+    page = tmp_path / "docs" / "evidence" / "selection.md"
+    page.parent.mkdir(parents=True)
+    names = " ".join(b.name for b in blocks)
+    page.write_text(f"# Selection\n\n<!-- evidence:selection {names} -->\n<!-- /evidence -->\n")
+    assert evidence.regenerate(tmp_path, check=False) and evidence.regenerate(tmp_path, check=True) == []
+    lines = sel.report(blocks)[1]
+    shown = page.read_text()
+    assert all(f"**{line}**" in shown for line in lines) and "S2T's choice of tokens matters here" in lines[0]
+    write_block(monkeypatch, tmp_path / "evidence" / "selection-6", (20,), lambda arm, seed: 0.9)
+    page.write_text(shown.replace(names, names + " selection-6"))
+    with pytest.raises(evidence.EvidenceError, match="selection-6: justrl-s20 finished in two blocks; keep one"):
+        evidence.regenerate(tmp_path, check=True)

@@ -35,6 +35,7 @@ from pathlib import Path
 
 from stapo.s2t import DEFAULTS, distinct_silenced
 from stapo.tools.curves import (
+    ReportError,
     band,
     compare,
     compared_steps,
@@ -49,6 +50,7 @@ from stapo.tools.curves import (
 )
 from stapo.tools.decisive import report as decisive_report
 from stapo.tools.io import output_problem, write_atomic
+from stapo.tools.selection import report as selection_report
 
 LOG_TAIL = 200
 """Lines kept of each run's log."""
@@ -150,6 +152,13 @@ def decisive_block(root: Path, *names: str) -> str:
     """The decisive test's table and verdict line (:func:`stapo.tools.decisive.report`)."""
     tables, verdict = decisive_report([root / RECORDS / name for name in names])
     return f"{tables}\n**{verdict}**\n"
+
+
+def selection_block(root: Path, *names: str) -> str:
+    """The masking ablation's main runs, their contrasts and one verdict line per contrast
+    (:func:`stapo.tools.selection.report`)."""
+    tables, lines = selection_report([root / RECORDS / name for name in names])
+    return tables + "".join(f"\n**{line}**\n" for line in lines)
 
 
 def smoke_block(root: Path, name: str) -> str:
@@ -483,6 +492,7 @@ def curves_block(root: Path, name: str, *figures: str, check: bool = False) -> t
 BLOCKS: dict[str, Callable[..., str]] = {
     "card": card_block,
     "decisive": decisive_block,
+    "selection": selection_block,
     "smoke": smoke_block,
     "image": image_block,
     "markdown": markdown_block,
@@ -516,7 +526,7 @@ def regenerate(root: Path, check: bool) -> list[str]:
                     body = BLOCKS[kind](root, *args)
                 else:
                     raise EvidenceError(f"unknown block kind {kind!r}; use one of curves, {', '.join(BLOCKS)}")
-            except (OSError, TypeError, EvidenceError, SystemExit) as error:
+            except (OSError, TypeError, EvidenceError, ReportError, SystemExit) as error:
                 raise EvidenceError(f"{page.relative_to(root)}: block '{kind} {' '.join(args)}': {error}") from None
             if body != match["body"]:
                 differs.append(f"{page.relative_to(root)}: block '{kind} {' '.join(args)}'")

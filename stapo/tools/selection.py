@@ -3,6 +3,7 @@ where JustRL drifts: docs/experiments.md section 12. This module reads its pilot
 baseline alone so that the choice cannot favour an arm.
 
     python -m stapo.tools.selection pilot DIR
+    python -m stapo.tools.selection verdict BLOCK [BLOCK ...]
 
 ``pilot`` reads the runs of ``scripts/gpu/selection.sh pilot`` (JustRL, ``justrl_lrLR-sSEED``) under ``DIR/runs``.
 Per run it prints the entropy drift (:func:`drift`), the reward's fall by the decisive test's rule
@@ -12,11 +13,20 @@ validation accuracy at each validation. A learning rate **drifts** when every on
 For it, the pilot's seeds give the spread of the planned endpoint (the mean of the last two validations) and the
 effect a 10-seed paired test would detect (:func:`detectable`). The pilot is exploratory: its numbers size the
 pre-registered runs, they are not evidence for or against an arm.
+
+``verdict`` reads the main runs (``ARM-sSEED`` of JustRL, STAPO and ``stapo_random``, seeds 20-29, in blocks) by the
+rules fixed in docs/experiments.md before the first of them (:func:`report`): each run's endpoint is its validation
+accuracy averaged over its last two validations, counted only where the run reached the blocks' planned last step; the
+regime is reached when JustRL drifted by :data:`DRIFT_NATS` in at least :data:`REACHED` seeds; the mask must act in
+every STAPO and random run (:func:`mask_acts`). Then STAPO − random (primary) and STAPO − JustRL, one-sided paired t
+by seed, Holm over the two at :data:`stapo.tools.decisive.ALPHA`, and the two one-sided tests of equivalence on STAPO −
+random within ±:data:`MARGIN` (:func:`tost`): one verdict line per contrast.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import re
 import statistics
@@ -24,7 +34,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from stapo.tools.curves import VALIDATION, ReportError, read_runs, rows_markdown
-from stapo.tools.decisive import WINDOW, Endpoint, t_sf, windows
+from stapo.tools.decisive import ALPHA as FAMILY_ALPHA
+from stapo.tools.decisive import ARMS, WINDOW, Endpoint, holm, paired_t, t_sf, windows
 from stapo.tools.io import write_atomic
 
 DRIFT_NATS = 0.5
@@ -38,6 +49,15 @@ ALPHA = 0.025
 POWER = 0.8
 LAST_VALIDATIONS = 2
 """The planned endpoint: validation accuracy averaged over a run's last two validations."""
+MAIN_SEEDS = tuple(range(20, 30))
+REACHED = 7
+"""The manipulation check: JustRL drifts by :data:`DRIFT_NATS` or more in at least this many of the ten seeds."""
+MARGIN = 0.02
+"""The equivalence margin of STAPO − random: ±2 points of validation accuracy (a fraction here)."""
+ACTS_SHARE = 0.5
+"""The mask acts in a run that silenced tokens and at least this share of its candidates over the run (the rule's
+⌈q(k−1)⌉ of k gives about q = 0.75 in large pools, 0 in pools of one)."""
+VERDICT = "VERDICT (selection, drift regime): "
 _LR = re.compile(r"_lr(?P<lr>[0-9.e+-]+)$")
 
 
@@ -159,14 +179,136 @@ def pilot(folder: Path) -> str:
     return text
 
 
+def tost(differences: Sequence[float], margin: float = MARGIN) -> float:
+    """The p of equivalence within ±``margin``: the larger p of the one-sided paired t tests of H0 mean ≤ −margin
+    and of H0 mean ≥ +margin (Schuirmann's two one-sided tests, df = n − 1); below :data:`FAMILY_ALPHA` the mean
+    difference is shown to lie within the margin."""
+    n, mean = len(differences), statistics.fmean(differences)
+    se = statistics.stdev(differences) / math.sqrt(n)
+    if not se:
+        return 0.0 if abs(mean) < margin else 1.0
+    return max(t_sf((mean + margin) / se, n - 1), t_sf((margin - mean) / se, n - 1))
+
+
+def mask_acts(metrics: dict[str, dict[int, float]]) -> tuple[float, float, bool]:
+    """(mean candidates per step, silenced share of all the run's candidates, whether the mask acted): it acted when
+    it silenced tokens and at least :data:`ACTS_SHARE` of its candidates (``s2t/candidate_tokens``,
+    ``s2t/spurious_tokens``)."""
+    candidates, silenced = (metrics.get(k, {}) for k in ("s2t/candidate_tokens", "s2t/spurious_tokens"))
+    total = sum(candidates.values())
+    share = sum(silenced.values()) / total if total else math.nan
+    return statistics.fmean(candidates.values()) if candidates else math.nan, share, share >= ACTS_SHARE
+
+
+def finished(metrics: dict[str, dict[int, float]], steps: int) -> bool:
+    """Whether a run reached the planned last step, its reward and a validation logged there."""
+    return steps in metrics.get("critic/score/mean", {}) and steps in accuracy(metrics)
+
+
+def _settings(folder: Path) -> dict:
+    """A block's ``experiment.json`` without the paths of its host (the model's weights are in it by digest)."""
+    try:
+        found = json.loads((folder / "experiment.json").read_text())
+    except OSError as error:
+        raise ReportError(f"{folder / 'experiment.json'}: {error.strerror}; give a block's folder, as `experiment run` "
+                          "wrote it")  # fmt: skip
+    except ValueError as error:
+        raise ReportError(f"{folder / 'experiment.json'}: not JSON ({error}); give a block's folder, as `experiment "
+                          "run` wrote it")  # fmt: skip
+    return {k: v for k, v in found.items() if k not in ("model", "data")}
+
+
+def main_runs(folders: Sequence[Path]) -> tuple[int, dict[str, dict[int, dict[str, dict[int, float]]]], list[dict]]:
+    """(the planned steps, ``arm -> {seed -> metrics}`` of the finished runs, a row per run found) of the blocks.
+    The blocks must share their settings (``experiment.json``); a run finished in two blocks is refused, one that
+    did not finish is shown and left out (it is re-run with its seed)."""
+    settings = [_settings(f) for f in folders]
+    for folder, other in zip(folders[1:], settings[1:]):
+        differ = sorted(k for k in settings[0].keys() | other.keys() if settings[0].get(k) != other.get(k))
+        if differ:
+            raise ReportError(f"{folder}: {', '.join(differ)} differ from {folders[0]}; the blocks share one regime")
+    steps, done, rows = int(settings[0]["steps"]), {}, []
+    for folder in folders:
+        for method, by_seed in read_runs(folder).items():
+            arm = _LR.sub("", method)
+            if arm not in ARMS:
+                raise ReportError(f"{folder}: runs of {method}; the main runs' arms are {', '.join(ARMS)}")
+            for seed, metrics in sorted(by_seed.items()):
+                ok = finished(metrics, steps)
+                if ok and seed in done.get(arm, {}):
+                    raise ReportError(f"{folder}: {arm}-s{seed} finished in two blocks; keep one")
+                if ok:
+                    done.setdefault(arm, {})[seed] = metrics
+                candidates, share, acts = mask_acts(metrics)
+                rows.append({"block": folder.name, "run": f"{arm}-s{seed}", "finished": "yes" if ok else "no",
+                    "drift (nats)": f"{drift(metrics.get('actor/entropy', {})):+.3f}",
+                    "val acc %, last two": f"{100 * endpoint(metrics):.1f}" if ok else "-",
+                    "candidates / step": f"{candidates:.1f}", "silenced share": f"{share:.3f}" if arm != "justrl"
+                    else "(observed)"})  # fmt: skip
+    return steps, done, rows
+
+
+def verdict(done: dict[str, dict[int, dict[str, dict[int, float]]]]) -> tuple[list[str], list[dict]]:
+    """The verdict lines (:data:`VERDICT`, one per contrast, or one saying why there is none) and the contrasts'
+    table, by the pre-registered rules (module docstring), from the finished runs of :func:`main_runs`."""
+    seeds = [s for s in MAIN_SEEDS if all(s in done.get(arm, {}) for arm in ARMS)]
+    if len(seeds) < len(MAIN_SEEDS):
+        return [VERDICT + f"no verdict: {len(seeds)} of {len(MAIN_SEEDS)} seeds have all three arms finished"], []
+    drifted = sum(drift(done["justrl"][s].get("actor/entropy", {})) >= DRIFT_NATS for s in seeds)
+    if drifted < REACHED:
+        return [VERDICT + f"regime not reached: JustRL drifted by {DRIFT_NATS} nats in {drifted} of {len(seeds)} "
+                f"seeds ({REACHED} needed)"], []  # fmt: skip
+    idle = [f"{arm}-s{s}" for arm in ARMS[1:] for s in seeds if not mask_acts(done[arm][s])[2]]
+    if idle:
+        return [VERDICT + f"no verdict: the mask did not act in {', '.join(idle)}"], []
+    tests = []
+    for other in ("stapo_random", "justrl"):
+        differences = [endpoint(done["stapo"][s]) - endpoint(done[other][s]) for s in seeds]
+        tests.append((other, differences, *paired_t(differences)))
+    significant = holm([p for *_, p in tests], FAMILY_ALPHA)
+    lines, table = [], []
+    for (other, differences, mean, t, p), shown in zip(tests, significant):
+        name = "random" if other == "stapo_random" else "JustRL"
+        said = f"STAPO − {name} {100 * mean:+.1f} points of validation accuracy, one-sided p {p:.3g}"
+        equivalence = tost(differences) if other == "stapo_random" else math.nan
+        if shown:
+            said += ", Holm significant: " + ("S2T's choice of tokens matters here" if other == "stapo_random"
+                                              else "STAPO beats JustRL here")  # fmt: skip
+        elif equivalence < FAMILY_ALPHA:
+            said += f", within ±{100 * MARGIN:.0f} (TOST p {equivalence:.3g}): the choice does not matter here"
+        else:
+            said += ": inconclusive" if other == "stapo_random" else ": not shown"
+        lines.append(VERDICT + said)
+        table.append({"contrast": f"stapo − {other}", "mean (points)": f"{100 * mean:+.2f}", "t": f"{t:.3g}",
+            "one-sided p": f"{p:.3g}", f"Holm at {FAMILY_ALPHA}": "significant" if shown else "not significant",
+            f"TOST ±{100 * MARGIN:.0f} p": "-" if math.isnan(equivalence) else f"{equivalence:.3g}"})  # fmt: skip
+    return lines, table
+
+
+def report(folders: Sequence[Path]) -> tuple[str, list[str]]:
+    """(the Markdown tables, the verdict lines) of the main runs' blocks ``folders`` (experiment folders with
+    ``experiment.json`` and ``runs/ARM-sSEED/metrics.jsonl[.gz]``, as ``experiment run`` writes them and evidence/
+    keeps them)."""
+    steps, done, rows = main_runs([Path(f) for f in folders])
+    lines, table = verdict(done)
+    text = f"Planned steps: {steps}.\n\n" + rows_markdown(rows)
+    return text + ("\n" + rows_markdown(table) if table else ""), lines
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m stapo.tools.selection", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     read = commands.add_parser("pilot", help="the pilot's runs: drift, fall, pace, validation; the pick")
     read.add_argument("folder", type=Path, metavar="DIR", help="the pilot's experiment folder (DIR/runs/...)")
+    judge = commands.add_parser("verdict", help="the main runs' blocks: endpoints, checks, contrasts, verdict lines")
+    judge.add_argument("folders", type=Path, nargs="+", metavar="BLOCK", help="a block's experiment folder")
     args = parser.parse_args(argv)
     try:
-        print(pilot(args.folder), end="")
+        if args.command == "pilot":
+            print(pilot(args.folder), end="")
+        else:
+            tables, lines = report(args.folders)
+            print(tables + "\n" + "\n".join(lines))
     except ReportError as error:
         parser.exit(2, f"error: {error}\n")
 
