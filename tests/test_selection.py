@@ -96,8 +96,32 @@ def test_the_pilot_script_runs_the_ladders_model_and_four_justrl_runs(tmp_path):
     assert "actor_rollout_ref.rollout.temperature=1.2" in args.overrides
     ex.check_overrides(args)
     assert lines[4] == f"-m stapo.tools.selection pilot {out}/pilot"
-    refused = standins.run_gpu_script(tmp_path, "selection.sh", "", "block", out)[0]
-    assert refused.returncode == 2 and "the one stage is pilot" in refused.stderr
+    refused = standins.run_gpu_script(tmp_path, "selection.sh", "", "main", out)[0]
+    assert refused.returncode == 2 and refused.stderr == "error: main: the stages are pilot and block\n"
+
+
+def test_a_block_runs_three_arms_on_its_two_seeds(tmp_path):
+    """scripts/gpu/selection.sh block as printed, the same way: the ladder once, then one block's six runs at the
+    given learning rate and steps, with arguments the real parser accepts, and the block's rows by the verdict's code;
+    a block outside 1-5 is refused before any work."""
+    out, src = tmp_path / "new" / "sel", tmp_path / "sm.gguf"
+    src.write_bytes(b"GGUF")
+    done, lines = standins.run_gpu_script(tmp_path, "selection.sh", standins.LOGGING_SH, "block", 3, out, "2e-5", 40,
+                                          "--src", src)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    args = ex.build_parser().parse_args(shlex.split(lines[3])[2:])
+    assert args.methods == ["justrl", "stapo", "stapo_random"] and args.seeds == [24, 25] and args.lrs == [2e-5]
+    assert args.steps == 40 and args.runs_per_gpu == 6 and args.out == out / "selection-3"
+    assert [r.name for r in ex.plan(args.methods, args.seeds, lrs=args.lrs)][:4] == [
+        "justrl_lr2e-05-s24", "stapo_lr2e-05-s24", "stapo_random_lr2e-05-s24", "stapo_random_lr2e-05-s25"]  # fmt: skip
+    ex.check_overrides(args)
+    assert lines[4] == f"-m stapo.tools.selection verdict {out}/selection-3"
+    for bad, said in ((6, "error: block 6: a block is 1, 2, 3, 4 or 5"), ("x", "error: block x: a block is")):
+        (tmp_path / str(bad)).mkdir()
+        refused, calls = standins.run_gpu_script(
+            tmp_path / str(bad), "selection.sh", standins.LOGGING_SH, "block", bad, out, "2e-5", 40
+        )
+        assert refused.returncode == 2 and refused.stderr.startswith(said) and calls == []
 
 
 def test_tost_against_the_t_table():
