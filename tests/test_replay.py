@@ -177,7 +177,7 @@ STANDIN = """#!{python}
 import json, os, sys
 with open({calls!r}, "a") as calls:
     calls.write(" ".join(sys.argv[1:]) + f" ({{os.environ.get('CUBLASLT_WORKSPACE_SIZE')}})\\n")
-if sys.argv[2:4] == ["stapo.checks.batch_invariance", "run"]:
+if sys.argv[2] == "stapo.checks.batch_invariance" and sys.argv[3] in ("run", "locate"):  # a record (run's shape)
     out = sys.argv[sys.argv.index("--out") + 1]
     counts = {{"responses": 0, "tokens": 0, "logprobs": 0, "max_logprob_gap": 0.0}}
     record = {{"setting": sys.argv[sys.argv.index("--setting") + 1], "greedy": False, "eager": True, "requests": 48,
@@ -257,14 +257,16 @@ if sys.argv[2] in ("stapo.checks.batch_invariance", "stapo.checks.replay") and "
 
 
 BITWISE_RECORDS = ("seeded", "greedy", "alone-vllm", "alone-recipe")
+LOCATE_RECORDS = ("fa3-many", "fa3-many-vllm", "probe-fa3", "probe-fa3-vllm", "probe-triton")
 
 
 def test_the_bitwise_script_probes_beside_the_twins_then_times_each_norm_alone(tmp_path):
     """scripts/gpu/bitwise.sh as printed, from a folder that does not exist yet, with the same stand-in Python: the
-    model converted from --src, the task, the seeded and greedy probes with the recipe's norm and the replay check
-    with its two twins (one halted after step 3) and no halted replayed legs, then, once all three ended, the probe
-    with vLLM's norm and after it the one with the recipe's, each with arguments the real parsers accept, and the table
-    of the four records; run again on the same OUT without records written, it says each is missing."""
+    model converted from --src, the task, locate.sh's five engines, the seeded and greedy probes with the recipe's norm
+    and the replay check with its two twins (one halted after step 3) and no halted replayed legs, then, once all of
+    those ended, the probe with vLLM's norm and after it the one with the recipe's, each with arguments the real
+    parsers accept, and the table of the four records; run again on the same OUT without records written, it says
+    each is missing, locate.sh's failure among them."""
     import shlex
 
     out, gguf = tmp_path / "new" / "bw", tmp_path / "sm.gguf"
@@ -276,7 +278,8 @@ def test_the_bitwise_script_probes_beside_the_twins_then_times_each_norm_alone(t
     assert lines[0].startswith(f"-m stapo.tools.pretrained --out {out}/smollm2/raw --src {gguf}")
     assert lines[1].startswith(f"-m stapo.quickstart.task word --difficulty 1 --train 48 --val 8 --out {out}/task")
     model = out / "smollm2" / "raw"
-    probes = [shlex.split(line)[2:] for line in lines if line.split()[1:3] == ["stapo.checks.batch_invariance", "run"]]
+    runs = [line for line in lines if line.split()[1:3] == ["stapo.checks.batch_invariance", "run"]]
+    probes = [shlex.split(line)[2:] for line in runs if f"{out}/bitwise/" in line]
     fa3 = ["run", "--model", str(model), "--setting", "fa3"]
     assert sorted(probes[:2]) == [[*fa3, "--greedy", "--out", f"{out}/bitwise/greedy.json", "(None)"],
                                   [*fa3, "--out", f"{out}/bitwise/seeded.json", "(None)"]]  # fmt: skip
@@ -287,7 +290,10 @@ def test_the_bitwise_script_probes_beside_the_twins_then_times_each_norm_alone(t
         return next(i for i, line in enumerate(lines) if line.startswith("-m") and f" --out {job} " in line)
 
     seeded, greedy, alone_vllm, alone_recipe = (f"{out}/bitwise/{n}.json" for n in BITWISE_RECORDS)
-    before = max(lines.index(f"end {job}") for job in (seeded, greedy, f"{out}/replay"))
+    located = [line.split()[-1] for line in lines if line.startswith(f"end {out}/locate/")]
+    assert sorted(located) == sorted(f"{out}/locate/{n}.json" for n in LOCATE_RECORDS)  # locate.sh's engines, beside
+    assert (out / "locate" / "table.md").is_file() and not (out / "locate.log").read_text().count("error")
+    before = max(lines.index(f"end {job}") for job in (seeded, greedy, f"{out}/replay", *located))
     assert before < start(alone_vllm) and lines.index(f"end {alone_vllm}") < start(alone_recipe)  # then alone, in turn
     for probe in probes:  # the real parser takes each (it stops at the model folder, which the stand-in did not write)
         parsed = subprocess.run([sys.executable, "-m", "stapo.checks.batch_invariance", *probe[:-1]],
@@ -301,7 +307,8 @@ def test_the_bitwise_script_probes_beside_the_twins_then_times_each_norm_alone(t
     args = replay.build_parser().parse_args(check)
     assert (args.halt, args.signal, args.deadline, args.steps, args.twin, args.twin_halt) == ([], [], 0, 6, True, 3)
     assert args.out == out / "replay" and replay.check(args) is None
-    [table] = [line.split()[3:-1] for line in lines if line.split()[1:3] == ["stapo.checks.batch_invariance", "table"]]
+    tables = [line.split()[3:-1] for line in lines if line.split()[1:3] == ["stapo.checks.batch_invariance", "table"]]
+    [table] = [t for t in tables if f"{out}/bitwise/" in t[0]]  # and locate.sh's of its own probes
     assert sorted(table) == sorted(f"{out}/bitwise/{n}.json" for n in BITWISE_RECORDS)
     assert (out / "bitwise" / "table.md").is_file()
     usage = standins.run_gpu_script(tmp_path, "bitwise.sh", "", "--help")[0]
@@ -309,6 +316,7 @@ def test_the_bitwise_script_probes_beside_the_twins_then_times_each_norm_alone(t
     silent = "#!{python}\nimport sys\nopen({calls!r}, 'a').write(' '.join(sys.argv[1:]) + '\\n')\n"  # no records
     again = standins.run_gpu_script(tmp_path, "bitwise.sh", silent, out)[0]  # the same OUT: its records don't count
     assert again.returncode == 1 and all(f"error: no {name} record" in again.stderr for name in BITWISE_RECORDS)
+    assert f"error: locate.sh: exit 1; see {out}/locate.log" in again.stderr
 
 
 def test_a_missing_step_fails_unless_a_kill_took_its_log_line(tmp_path, monkeypatch):

@@ -10,6 +10,7 @@ usage() { sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; }
 source "$(dirname "$0")/lib.sh"
 out_and_model "$@"
 mkdir -p "$out/locate"
+rm -f "$out"/locate/*.json  # an earlier try's records: an engine that fails now must show as missing
 job() { engine_job "$out/locate" "$@"; }  # NAME COMMAND SETTING [OPTION ...]
 job probe-fa3-vllm run fa3 --norm vllm &
 job probe-fa3 run fa3 &
