@@ -148,7 +148,9 @@ def write_block(monkeypatch, folder: Path, seeds, accuracy, slope=lambda arm, se
             logger = FileLogger("stapo", "main")
             for step in range(1, (steps if acc is not None else 7) + 1):
                 data = {"actor/entropy": 1.0 + rate * step, "critic/score/mean": 0.3, "s2t/candidate_tokens": 4.0,
-                        "s2t/spurious_tokens": float(quiet)}  # fmt: skip
+                        "s2t/spurious_tokens": float(quiet), "s2t/mismatch/spurious_logp": 0.1 * (step % 2),
+                        "s2t/mismatch/kept_candidate_logp": 0.05, "s2t/mismatch/spurious_is_weight": 0.9,
+                        "s2t/mismatch/kept_candidate_is_weight": math.nan}  # fmt: skip
                 if step % 5 == 0:
                     data["val-core/word/acc/mean@4"] = acc
                 logger.log(data, step)
@@ -176,7 +178,7 @@ def test_the_verdict_says_stapo_beats_random_and_justrl(monkeypatch, tmp_path, c
     )
     assert lines[1].startswith(sel.VERDICT + "STAPO − JustRL +5.0 points") and "STAPO beats JustRL" in lines[1]
     assert "| selection-3 | stapo-s24 | yes | +1.000 | " in tables and "| 0.750 |" in tables
-    assert "| justrl-s20 | yes | +1.000 | 40.0 | 4.0 | (observed) |" in tables
+    assert "| justrl-s20 | yes | +1.000 | 40.0 | 4.0 | (observed) | 0.050 / 0.050 | 0.900 / nan |" in tables
     capsys.readouterr()
     sel.main(["verdict", *map(str, blocks)])
     assert capsys.readouterr().out.rstrip().endswith(lines[1])

@@ -255,6 +255,8 @@ def reference_s2t_metrics(before, groups):
     tokens, positive = int(valid.sum()), int((valid & (padded["advantages"] > 0)).sum())
     gap = (padded["old_log_probs"].double() - padded["rollout_log_probs"].double()).abs()
     p_gap = (padded["old_log_probs"].double().exp() - padded["rollout_log_probs"].double().exp()).abs()
+    weight = (padded["old_log_probs"].double() - padded["rollout_log_probs"].double()).exp().clamp(max=2.0)  # TIS
+    kept = candidates & ~spurious
     return {
         "s2t/pos_adv_tokens": positive,
         "s2t/candidate_tokens": int(candidates.sum()),
@@ -263,6 +265,10 @@ def reference_s2t_metrics(before, groups):
         "s2t/mismatch/candidate_logp": float(gap[candidates].mean()),
         "s2t/mismatch/other_logp": float(gap[valid & ~candidates].mean()),
         "s2t/mismatch/candidate_p": float(p_gap[candidates].mean()),
+        "s2t/mismatch/spurious_logp": float(gap[spurious].mean()),
+        "s2t/mismatch/kept_candidate_logp": float(gap[kept].mean()),
+        "s2t/mismatch/spurious_is_weight": float(weight[spurious].mean()),
+        "s2t/mismatch/kept_candidate_is_weight": float(weight[kept].mean()),
         "s2t/candidate_frac": int(candidates.sum()) / tokens,
         "s2t/spurious_frac": int(spurious.sum()) / tokens,
         "s2t/silenced_share": int(spurious.sum()) / int(candidates.sum()),
@@ -514,11 +520,16 @@ def test_the_mismatch_diagnostic_never_stops_a_run(capsys):
         nested([torch.ones(2), -torch.ones(1)]),
         nested([torch.ones(2, dtype=torch.long)] * 1 + [torch.ones(1, dtype=torch.long)]),
     )
-    same = mismatch_metrics(rows, nested([torch.tensor([-7.5, -1.0]), torch.tensor([-8.2])]), adv, mask, 0.002)
+    flagged = torch.tensor([True, False, False])  # the first token (a candidate) spurious
+    same = mismatch_metrics(rows, nested([torch.tensor([-7.5, -1.0]), torch.tensor([-8.2])]), adv, mask, 0.002, flagged)
     assert same["s2t/mismatch/candidate_logp"] == pytest.approx(0.5) and same[
         "s2t/mismatch/other_logp"
     ] == pytest.approx(0.1)
-    other = mismatch_metrics(rows, torch.zeros(4, 5), adv, mask, 0.002)
+    assert same["s2t/mismatch/spurious_logp"] == pytest.approx(0.5) and math.isnan(
+        same["s2t/mismatch/kept_candidate_logp"]
+    )
+    assert same["s2t/mismatch/spurious_is_weight"] == pytest.approx(math.exp(0.5))  # π_old / π_vLLM, under the cap
+    other = mismatch_metrics(rows, torch.zeros(4, 5), adv, mask, 0.002, flagged)
     assert all(math.isnan(v) for v in other.values()) and "differ in layout" in capsys.readouterr().err
 
 

@@ -33,7 +33,7 @@ import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
-from stapo.tools.curves import VALIDATION, ReportError, read_runs, rows_markdown
+from stapo.tools.curves import VALIDATION, ReportError, mean_over, read_runs, rows_markdown
 from stapo.tools.decisive import ALPHA as FAMILY_ALPHA
 from stapo.tools.decisive import ARMS, WINDOW, Endpoint, holm, paired_t, t_sf, windows
 from stapo.tools.io import write_atomic
@@ -218,6 +218,18 @@ def _settings(folder: Path) -> dict:
     return {k: v for k, v in found.items() if k not in ("model", "data")}
 
 
+def exploratory(metrics: dict[str, dict[int, float]]) -> dict[str, str]:
+    """Issue 66's exploratory columns, each a mean over the run's steps, spurious (the S2T rule's tokens) / kept
+    candidates: vLLM's log-probability gap to the trainer's, and the weight verl's truncated IS would give them
+    (``s2t/mismatch/*``, :func:`stapo.train.metrics.mismatch_metrics`)."""
+
+    def pair(what: str) -> str:
+        series = [metrics.get(f"s2t/mismatch/{who}_{what}", {}) for who in ("spurious", "kept_candidate")]
+        return " / ".join(f"{mean_over(values, sorted(values)):.3f}" for values in series)
+
+    return {"exploratory: log-p gap": pair("logp"), "exploratory: IS weight": pair("is_weight")}
+
+
 def main_runs(folders: Sequence[Path]) -> tuple[int, dict[str, dict[int, dict[str, dict[int, float]]]], list[dict]]:
     """(the planned steps, ``arm -> {seed -> metrics}`` of the finished runs, a row per run found) of the blocks.
     The blocks must share their settings (``experiment.json``); a run finished in two blocks is refused, one that
@@ -244,7 +256,7 @@ def main_runs(folders: Sequence[Path]) -> tuple[int, dict[str, dict[int, dict[st
                     "drift (nats)": f"{drift(metrics.get('actor/entropy', {})):+.3f}",
                     "val acc %, last two": f"{100 * endpoint(metrics):.1f}" if ok else "-",
                     "candidates / step": f"{candidates:.1f}", "silenced share": f"{share:.3f}" if arm != "justrl"
-                    else "(observed)"})  # fmt: skip
+                    else "(observed)", **exploratory(metrics)})  # fmt: skip
     return steps, done, rows
 
 

@@ -7,6 +7,7 @@ import math
 import sys
 
 import torch
+from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_weights
 
 _WARNED: set[str] = set()
 
@@ -126,36 +127,59 @@ def _ratio(a: float, b: float) -> float:
     return a / b if b else math.nan
 
 
+MISMATCH_KEYS = (
+    "s2t/mismatch/candidate_logp",
+    "s2t/mismatch/other_logp",
+    "s2t/mismatch/candidate_p",
+    "s2t/mismatch/spurious_logp",
+    "s2t/mismatch/kept_candidate_logp",
+    "s2t/mismatch/spurious_is_weight",
+    "s2t/mismatch/kept_candidate_is_weight",
+)
+
+
 def mismatch_metrics(
     old_log_probs: torch.Tensor,
     rollout_log_probs: torch.Tensor,
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     tau_p: float,
+    spurious: torch.Tensor,
 ) -> dict[str, float]:
     """``s2t/mismatch/*``: how far vLLM's log-probability of each sampled token (the rollout's) is from the trainer's
     (π_old, which S2T compares with τ_p), as the mean of |log π_old − log π_rollout| over the S2T candidates
     (Â > 0, p < τ_p) and over the other response tokens, and the candidates' mean |π_old − π_rollout|. S2T silences
     exactly the low-probability tokens, where a bfloat16 rollout is least exact: the mismatch there is a rival
-    explanation of any effect of the mask (issue 39). Jagged or padded tensors of one layout; NaN over an empty set."""
+    explanation of any effect of the mask (issue 39). Split by the S2T rule (``spurious``: the tokens it silences, or
+    would silence in a baseline): the mean log-probability gap over the spurious tokens and over the candidates it
+    keeps, and the mean weight verl's token-level truncated importance sampling would give each set (π_old / π_rollout
+    capped at verl 0.9.1's default ``rollout_is_threshold``, 2: :func:`verl.trainer.ppo.rollout_corr_helper.
+    compute_rollout_correction_weights`): whether the tokens S2T silences are those rollout correction down-weights.
+    Jagged or padded tensors of one layout (``spurious`` like ``response_mask``, or its ``values()``); NaN over an
+    empty set."""
     flat = [t.values() if t.is_nested else t.reshape(-1) for t in (old_log_probs, rollout_log_probs, advantages)]
     valid = (response_mask.values() if response_mask.is_nested else response_mask.reshape(-1)) != 0
-    if len({t.numel() for t in flat} | {valid.numel()}) > 1:  # a layout this diagnostic does not know: no crash
-        if "mismatch" not in _WARNED:
+    flagged = spurious.reshape(-1)
+    if len({t.numel() for t in flat} | {valid.numel(), flagged.numel()}) > 1:  # a layout this diagnostic does not
+        if "mismatch" not in _WARNED:  # know: no crash
             _WARNED.add("mismatch")
             print("STAPO WARNING: rollout_log_probs and old_log_probs differ in layout; s2t/mismatch/* are NaN",
                   file=sys.stderr, flush=True)  # fmt: skip
-        return dict.fromkeys(
-            ("s2t/mismatch/candidate_logp", "s2t/mismatch/other_logp", "s2t/mismatch/candidate_p"), math.nan
-        )
+        return dict.fromkeys(MISMATCH_KEYS, math.nan)
     old, rollout, adv = (t.double() for t in flat)
     candidates = valid & (adv > 0) & (old < math.log(tau_p))
+    flagged, kept = flagged & candidates, candidates & ~flagged
     gap = (old - rollout).abs()
-    return {
-        "s2t/mismatch/candidate_logp": _mean(gap[candidates]),
-        "s2t/mismatch/other_logp": _mean(gap[valid & ~candidates]),
-        "s2t/mismatch/candidate_p": _mean((old.exp() - rollout.exp()).abs()[candidates]),
-    }
+    weights = compute_rollout_correction_weights((old - rollout)[None], valid[None].double())[0][0]
+    return dict(zip(MISMATCH_KEYS, (
+        _mean(gap[candidates]),
+        _mean(gap[valid & ~candidates]),
+        _mean((old.exp() - rollout.exp()).abs()[candidates]),
+        _mean(gap[flagged]),
+        _mean(gap[kept]),
+        _mean(weights[flagged]),
+        _mean(weights[kept]),
+    )))  # fmt: skip
 
 
 def _mean(values: torch.Tensor) -> float:

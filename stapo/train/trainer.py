@@ -327,7 +327,7 @@ class STAPOMixin:
                 metrics.update(observed_metrics(second))
         mismatch = None
         if rollout:  # beside the update too
-            args = (data["old_log_probs"], data["rollout_log_probs"], *inputs[2:], stapo.tau_p)
+            args = (data["old_log_probs"], data["rollout_log_probs"], *inputs[2:], stapo.tau_p, spurious)
             mismatch = _BACKGROUND.submit(mismatch_metrics, *args)
         if not on_driver:
             mask_seconds = time.perf_counter() - start
