@@ -133,7 +133,7 @@ def test_tost_against_the_t_table():
 
 
 def write_block(monkeypatch, folder: Path, seeds, accuracy, slope=lambda arm, seed: 0.2, silenced=lambda arm, seed: 3,
-                steps: int = 10, settings: dict | None = None):  # fmt: skip
+                steps: int = 10, settings: dict | None = None, lr: str = ""):  # fmt: skip
     """A block of the main runs as `experiment run` writes it: experiment.json, and per arm and seed a run whose
     entropy rises by ``slope`` a step, validated at steps 5 and 10 with ``accuracy(arm, seed)``, silencing
     ``silenced(arm, seed)`` of 4 candidates a step; a run with ``accuracy`` None stops at step 7."""
@@ -142,7 +142,7 @@ def write_block(monkeypatch, folder: Path, seeds, accuracy, slope=lambda arm, se
     for arm in sel.ARMS:
         for seed in seeds:
             acc, rate, quiet = accuracy(arm, seed), slope(arm, seed), silenced(arm, seed)
-            run = folder / "runs" / f"{arm}-s{seed}"
+            run = folder / "runs" / f"{arm}{lr and '_lr' + lr}-s{seed}"
             run.mkdir(parents=True)
             monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(run / "metrics.jsonl"))
             logger = FileLogger("stapo", "main")
@@ -170,8 +170,9 @@ def noise(seed: int) -> float:
 
 def test_the_verdict_says_stapo_beats_random_and_justrl(monkeypatch, tmp_path, capsys):
     gains = {"justrl": 0.0, "stapo_random": 0.01, "stapo": 0.05}
-    blocks = main_blocks(monkeypatch, tmp_path, lambda arm, seed: 0.4 + gains[arm] + (noise(seed) if arm == "stapo"
-                         else 0.0))  # fmt: skip
+    blocks = main_blocks(
+        monkeypatch, tmp_path, lambda arm, seed: 0.4 + gains[arm] + (noise(seed) if arm == "stapo" else 0.0), lr="2e-05"
+    )  # fmt: skip; the runs named as `experiment run --lrs` names them
     tables, lines = sel.report(blocks)
     assert lines[0].startswith(sel.VERDICT + "STAPO − random +4.0 points") and lines[0].endswith(
         "Holm significant: S2T's choice of tokens matters here"
@@ -220,6 +221,10 @@ def test_blocks_of_other_settings_or_a_run_finished_twice_are_refused(monkeypatc
     write_block(monkeypatch, other, (21,), lambda arm, seed: 0.4, settings={"steps": "10", "lrs": "[5e-05]"})
     with pytest.raises(sel.ReportError, match=r"b: lrs differ from .*a; the blocks share one regime"):
         sel.report([one, other])
+    faster = tmp_path / "d"
+    write_block(monkeypatch, faster, (22,), lambda arm, seed: 0.4, lr="5e-05")
+    with pytest.raises(sel.ReportError, match=r"learning rates the experiment's and 5e-05 in .*d and .*a; the blocks"):
+        sel.report([one, faster])
     again = tmp_path / "c"
     write_block(monkeypatch, again, (20,), lambda arm, seed: 0.4)
     with pytest.raises(sel.ReportError, match=r"c: justrl-s20 finished in two blocks; keep one"):

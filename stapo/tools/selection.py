@@ -50,6 +50,7 @@ POWER = 0.8
 LAST_VALIDATIONS = 2
 """The planned endpoint: validation accuracy averaged over a run's last two validations."""
 MAIN_SEEDS = tuple(range(20, 30))
+"""The main runs' seeds, two a block (none of the pilot's)."""
 REACHED = 7
 """The manipulation check: JustRL drifts by :data:`DRIFT_NATS` or more in at least this many of the ten seeds."""
 MARGIN = 0.02
@@ -239,12 +240,16 @@ def main_runs(folders: Sequence[Path]) -> tuple[int, dict[str, dict[int, dict[st
         differ = sorted(k for k in settings[0].keys() | other.keys() if settings[0].get(k) != other.get(k))
         if differ:
             raise ReportError(f"{folder}: {', '.join(differ)} differ from {folders[0]}; the blocks share one regime")
-    steps, done, rows = int(settings[0]["steps"]), {}, []
+    steps, done, rows, rates = int(settings[0]["steps"]), {}, [], {}
     for folder in folders:
         for method, by_seed in read_runs(folder).items():
-            arm = _LR.sub("", method)
+            arm, rate = _LR.sub("", method), _LR.search(method)
             if arm not in ARMS:
                 raise ReportError(f"{folder}: runs of {method}; the main runs' arms are {', '.join(ARMS)}")
+            rates.setdefault(rate["lr"] if rate else "the experiment's", folder)
+            if len(rates) > 1:
+                raise ReportError(f"learning rates {' and '.join(rates)} in {folder} and {rates[next(iter(rates))]}; "
+                                  "the blocks share one regime")  # fmt: skip
             for seed, metrics in sorted(by_seed.items()):
                 ok = finished(metrics, steps)
                 if ok and seed in done.get(arm, {}):
