@@ -103,6 +103,33 @@ def test_collect_keeps_the_small_records_of_an_experiment(tmp_path):
     )
 
 
+def test_keep_takes_a_gpu_scripts_records_and_leaves_its_models_checkpoints_and_data(tmp_path, capsys):
+    """``evidence keep OUT DEST`` as a user runs it, on the layout scripts/gpu/bitwise.sh writes: records folder for
+    folder, metrics gzipped, logs cut to their tails, and nothing of the model, the checkpoints or the task."""
+    out = tmp_path / "bw"
+    files = {
+        "bitwise/seeded.json": '{"setting": "fa3"}', "bitwise/seeded.log": "".join(f"{i}\n" for i in range(300)),
+        "bitwise/table.md": "| a |\n", "replay/replay.json": "{}", "replay/twin/metrics.jsonl": '{"step": 1}\n',
+        "replay/runs/twin/exit_code": "0\n", "replay/twin/checkpoints/latest_checkpointed_iteration.txt": "3",
+        "replay/twin/checkpoints/global_step_3/actor/model.json": "{}", "smollm2/raw/config.json": "{}",
+        "smollm2/raw/model.safetensors": "x", "task/train.parquet": "x", "locate.log": "done\n",
+    }  # fmt: skip
+    for name, text in files.items():
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_text(text)
+    evidence.main(["keep", str(out), str(tmp_path / "new" / "rec")])
+    rec = tmp_path / "new" / "rec"
+    kept = sorted(str(p.relative_to(rec)) for p in rec.rglob("*") if p.is_file())
+    assert kept == ["bitwise/seeded.json", "bitwise/seeded.log.tail", "bitwise/table.md", "locate.log.tail",
+                    "replay/replay.json", "replay/runs/twin/exit_code", "replay/twin/metrics.jsonl.gz"]  # fmt: skip
+    assert sorted(capsys.readouterr().out.split()) == [str(rec / k) for k in kept]
+    assert (rec / "bitwise/seeded.log.tail").read_text().split() == [str(i) for i in range(100, 300)]
+    assert gzip.decompress((rec / "replay/twin/metrics.jsonl.gz").read_bytes()) == b'{"step": 1}\n'
+    (out / "bitwise" / "probe.json").write_text("x" * (evidence.MAX_FILE_BYTES + 1))
+    with pytest.raises(SystemExit, match=r"probe.json: \d+ bytes, over the records' 2 MB"):
+        evidence.keep(out, tmp_path / "again")
+
+
 def test_the_new_records_fail_the_check_when_a_number_changes(copy):
     """The determinism and start-up records: a changed phase time, a differing replay comparison or an edited probe
     table each fail the check on their own block."""

@@ -209,6 +209,9 @@ ENTRIES = {
         work=("stapo.tools.evidence:collect",),
         kinds={"dest": "out-folder"},
     ),
+    "stapo.tools.evidence keep": Entry(
+        ("keep", "{A}/experiment", "{W}/record"), work=("stapo.tools.evidence:keep",), kinds={"dest": "out-folder"}
+    ),
     "stapo.tools.report evidence": Entry(
         ("evidence", "--check", "--root", "{A}/repo"), work=("stapo.tools.evidence:regenerate",)
     ),

@@ -2,13 +2,16 @@
 
     python -m stapo.tools.evidence card --out DIR --commit SHA --command "..." [--note "..."]
     python -m stapo.tools.evidence collect RUNS_DIR evidence/NAME      # a run's records, small and gzipped
+    python -m stapo.tools.evidence keep OUT evidence/NAME              # a GPU script's output folder's, the same way
     python -m stapo.tools.report evidence [--check]                    # the pages' tables and figures, from records
 
 ``card`` writes ``DIR/card.json`` on the machine that runs: the command as typed, the commit, the GPUs (model and
 count), the CPU cores, the start time, the versions of torch, vLLM and verl, and a note of what else ran on the host.
 ``collect`` copies what the pages read from an experiment folder (``experiment run --out``): ``experiment.json``, and
 per run its metrics (gzipped), exit code, ``args.txt`` where the run has one and the last lines of its log; nothing per
-token, no checkpoints.
+token, no checkpoints. ``keep`` does the same for any GPU script's output folder (``scripts/gpu/*.sh OUT``), folder for
+folder: JSON, Markdown, text and exit codes as they are, JSON lines gzipped, logs' last lines; no models, checkpoints
+or data.
 
 A page of ``docs/evidence/`` is prose with generated blocks, each between ``<!-- evidence:KIND ARGS -->`` and
 ``<!-- /evidence -->`` (:data:`BLOCKS`): ``report evidence`` rewrites every block from the records it names, and with
@@ -90,32 +93,64 @@ def card(command: str, commit: str, note: str = "") -> dict:
     }
 
 
+def _keep_file(source: Path, target: Path) -> Path:
+    """One record file: ``*.jsonl`` gzipped (``NAME.jsonl.gz``), ``*.log`` as its last :data:`LOG_TAIL` lines
+    (``NAME.log.tail``), anything else as it is; returns what was written."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if source.suffix == ".jsonl":
+        target = target.with_name(target.name + ".gz")
+        with open(source, "rb") as data, gzip.open(target, "wb", 9) as out:
+            shutil.copyfileobj(data, out)
+    elif source.suffix == ".log":
+        target = target.with_name(target.name + ".tail")
+        write_atomic(target, "\n".join(source.read_text(errors="replace").splitlines()[-LOG_TAIL:]) + "\n")
+    else:
+        write_atomic(target, source.read_text())
+    return target
+
+
+def _within_limit(written: list[Path]) -> list[Path]:
+    for path in written:
+        if path.stat().st_size > MAX_FILE_BYTES:
+            raise SystemExit(f"error: {path}: {path.stat().st_size} bytes, over the records' 2 MB; keep less of it")
+    return written
+
+
 def collect(runs: Path, dest: Path) -> list[Path]:
     """Copy the records of the experiment folder ``runs`` into ``dest`` (module docstring); returns what was written.
     A file over :data:`MAX_FILE_BYTES` stops the copy with one line."""
     written = []
     if (runs / "experiment.json").is_file():
-        written.append(dest / "experiment.json")
-        write_atomic(written[-1], (runs / "experiment.json").read_text())
+        written.append(_keep_file(runs / "experiment.json", dest / "experiment.json"))
     for run in sorted(p for p in (runs / "runs").iterdir() if p.is_dir()):
-        target = dest / "runs" / run.name
-        target.mkdir(parents=True, exist_ok=True)
-        if (run / "metrics.jsonl").is_file():
-            with open(run / "metrics.jsonl", "rb") as source, gzip.open(target / "metrics.jsonl.gz", "wb", 9) as out:
-                shutil.copyfileobj(source, out)
-            written.append(target / "metrics.jsonl.gz")
-        for name in ("exit_code", "args.txt"):  # args.txt: a run's scripts/train.sh arguments (stapo.tools.cost)
+        # args.txt: a run's scripts/train.sh arguments (stapo.tools.cost)
+        for name in ("metrics.jsonl", "exit_code", "args.txt", "train.log"):
             if (run / name).is_file():
-                written.append(target / name)
-                write_atomic(written[-1], (run / name).read_text())
-        if (run / "train.log").is_file():
-            lines = (run / "train.log").read_text(errors="replace").splitlines()[-LOG_TAIL:]
-            written.append(target / "train.log.tail")
-            write_atomic(written[-1], "\n".join(lines) + "\n")
-    for path in written:
-        if path.stat().st_size > MAX_FILE_BYTES:
-            raise SystemExit(f"error: {path}: {path.stat().st_size} bytes, over the records' 2 MB; keep less of it")
-    return written
+                written.append(_keep_file(run / name, dest / "runs" / run.name / name))
+    return _within_limit(written)
+
+
+KEPT = {".json", ".jsonl", ".md", ".txt", ".log", "exit_code"}
+"""What :func:`keep` takes of a GPU script's output folder, by suffix or name; models, checkpoints, data and figures
+are left."""
+
+
+def keep(out: Path, dest: Path) -> list[Path]:
+    """Copy the records of a GPU script's output folder ``out`` (e.g. ``scripts/gpu/bitwise.sh OUT``) into ``dest``,
+    folder for folder: the files of :data:`KEPT` by :func:`_keep_file`, outside any folder that holds a
+    model (``*.safetensors``) or a checkpoint (``checkpoints``, ``global_step_*``). A file over :data:`MAX_FILE_BYTES`
+    stops the copy with one line."""
+    written = []
+    for folder, names, files in os.walk(out):
+        here = Path(folder)
+        if here.name == "checkpoints" or here.name.startswith("global_step_") or any(here.glob("*.safetensors")):
+            names.clear()
+            continue
+        names.sort()
+        for name in sorted(files):
+            if (Path(name).suffix in KEPT or name in KEPT) and (here / name).is_file():
+                written.append(_keep_file(here / name, dest / here.relative_to(out) / name))
+    return _within_limit(written)
 
 
 # ------------------------------------------------------------------------------------------------- the pages
@@ -549,6 +584,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     copy = commands.add_parser("collect", help="copy an experiment folder's records into evidence/NAME")
     copy.add_argument("runs", type=Path, metavar="RUNS_DIR")
     copy.add_argument("dest", type=Path, metavar="DEST")
+    take = commands.add_parser("keep", help="copy a GPU script's output folder's records into evidence/NAME")
+    take.add_argument("source", type=Path, metavar="OUT", help="the folder the script wrote (e.g. bitwise.sh OUT)")
+    take.add_argument("dest", type=Path, metavar="DEST")
     args = parser.parse_args(argv)
     out = args.out if args.command == "card" else args.dest
     if problem := output_problem(out, "folder", "--out" if args.command == "card" else "DEST"):
@@ -559,10 +597,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         args.out.mkdir(parents=True, exist_ok=True)
         write_atomic(args.out / "card.json", json.dumps(card(args.typed, args.commit, args.note), indent=1) + "\n")
         print(args.out / "card.json")
-    else:
+    elif args.command == "collect":
         if not (args.runs / "runs").is_dir():
             raise SystemExit(f"error: {args.runs}: no runs/ folder; pass the folder `experiment run --out` wrote")
         for path in collect(args.runs, args.dest):
+            print(path)
+    else:
+        if not args.source.is_dir():
+            raise SystemExit(f"error: OUT {args.source}: not a folder; pass the folder the GPU script wrote")
+        for path in keep(args.source, args.dest):
             print(path)
 
 
