@@ -529,6 +529,8 @@ def test_the_mismatch_diagnostic_never_stops_a_run(capsys):
         same["s2t/mismatch/kept_candidate_logp"]
     )
     assert same["s2t/mismatch/spurious_is_weight"] == pytest.approx(math.exp(0.5))  # π_old / π_vLLM, under the cap
+    none = mismatch_metrics(rows, rows, -adv, mask, 0.002, flagged)  # no candidate: NaN, no error from verl's weights
+    assert math.isnan(none["s2t/mismatch/spurious_is_weight"]) and none["s2t/mismatch/other_logp"] == 0
     other = mismatch_metrics(rows, torch.zeros(4, 5), adv, mask, 0.002, flagged)
     assert all(math.isnan(v) for v in other.values()) and "differ in layout" in capsys.readouterr().err
 

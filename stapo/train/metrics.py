@@ -160,8 +160,8 @@ def mismatch_metrics(
     flat = [t.values() if t.is_nested else t.reshape(-1) for t in (old_log_probs, rollout_log_probs, advantages)]
     valid = (response_mask.values() if response_mask.is_nested else response_mask.reshape(-1)) != 0
     flagged = spurious.reshape(-1)
-    if len({t.numel() for t in flat} | {valid.numel(), flagged.numel()}) > 1:  # a layout this diagnostic does not
-        if "mismatch" not in _WARNED:  # know: no crash
+    if len({t.numel() for t in flat} | {valid.numel(), flagged.numel()}) > 1:  # a layout it does not know: no crash
+        if "mismatch" not in _WARNED:
             _WARNED.add("mismatch")
             print("STAPO WARNING: rollout_log_probs and old_log_probs differ in layout; s2t/mismatch/* are NaN",
                   file=sys.stderr, flush=True)  # fmt: skip
@@ -169,16 +169,21 @@ def mismatch_metrics(
     old, rollout, adv = (t.double() for t in flat)
     candidates = valid & (adv > 0) & (old < math.log(tau_p))
     flagged, kept = flagged & candidates, candidates & ~flagged
-    gap = (old - rollout).abs()
-    weights = compute_rollout_correction_weights((old - rollout)[None], valid[None].double())[0][0]
+    log_ratio = old - rollout
+    gap = log_ratio.abs()
+    spurious_weight = kept_weight = math.nan
+    if candidates.any():  # the candidates' weights only (token-level: each its own); verl refuses an empty set
+        ratio = log_ratio[candidates][None]
+        weights, among = compute_rollout_correction_weights(ratio, torch.ones_like(ratio))[0][0], flagged[candidates]
+        spurious_weight, kept_weight = _mean(weights[among]), _mean(weights[~among])
     return dict(zip(MISMATCH_KEYS, (
         _mean(gap[candidates]),
         _mean(gap[valid & ~candidates]),
         _mean((old.exp() - rollout.exp()).abs()[candidates]),
         _mean(gap[flagged]),
         _mean(gap[kept]),
-        _mean(weights[flagged]),
-        _mean(weights[kept]),
+        spurious_weight,
+        kept_weight,
     )))  # fmt: skip
 
 
