@@ -208,14 +208,12 @@ def finished(metrics: dict[str, dict[int, float]], steps: int) -> bool:
 
 def _settings(folder: Path) -> dict:
     """A block's ``experiment.json`` without the paths of its host (the model's weights are in it by digest)."""
+    path = folder / "experiment.json"
     try:
-        found = json.loads((folder / "experiment.json").read_text())
-    except OSError as error:
-        raise ReportError(f"{folder / 'experiment.json'}: {error.strerror}; give a block's folder, as `experiment run` "
-                          "wrote it")  # fmt: skip
-    except ValueError as error:
-        raise ReportError(f"{folder / 'experiment.json'}: not JSON ({error}); give a block's folder, as `experiment "
-                          "run` wrote it")  # fmt: skip
+        found = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        why = error.strerror if isinstance(error, OSError) else f"not JSON ({error})"
+        raise ReportError(f"{path}: {why}; give a block's folder, as `experiment run` wrote it") from None
     return {k: v for k, v in found.items() if k not in ("model", "data")}
 
 
