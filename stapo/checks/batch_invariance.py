@@ -63,12 +63,13 @@ SETTINGS: dict[str, dict] = {
 }
 """Engine arguments of each setting (vLLM 0.24's ``AttentionConfig``, ``vllm/config/attention.py``)."""
 UPSTREAM = {
-    "fa3": "vLLM #47069, #51902: FlashAttention 3's SM90 tile scheduler breaks batch invariance on Hopper",
+    "fa3": "the H100 record: vLLM 0.24's residual RMSNorm, not FlashAttention 3 (whose leads are vLLM #47069, #51902)",
     "fa2": "vLLM PR #48694 (open): fall back to FlashAttention 2 on SM90 under VLLM_BATCH_INVARIANT=1",
     "flex": "one of the backends vLLM's tests/v1/determinism/test_batch_invariance.py covers",
     "triton": "one of the backends vLLM's tests/v1/determinism/test_batch_invariance.py covers",
 }
-"""What each setting answers upstream (leads from issue 54, to be confirmed by the records)."""
+"""What each setting answers upstream: the leads of issue 54, and for ``fa3`` what the H100 record of
+docs/evidence/determinism.md located (a request alone parted at a residual RMSNorm, with either attention setting)."""
 ENVIRONMENT = {"VLLM_BATCH_INVARIANT": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 """Set before vLLM is imported: batch-invariant kernels, and the engine in this process (one process per setting)."""
 RECORDED_ENV = (
@@ -295,7 +296,9 @@ block size at 256)."""
 def residual_norm_rows(hidden: int, rows: tuple[int, int] = NORM_ROWS, device: str = "cuda") -> dict[str, int]:
     """The residual RMSNorm alone, at the model's hidden size: of the first ``rows[0]`` of ``rows[1]`` seeded bfloat16
     rows (input and residual), how many come out otherwise when only they are normalised, with vLLM 0.24's fused
-    kernel (``_custom_ops.fused_add_rms_norm``, in place) and with the recipe's (the sum, then vLLM's Triton kernel)."""
+    kernel (``_custom_ops.fused_add_rms_norm``, in place) and with the recipe's (the sum, then vLLM's Triton kernel).
+    On an H100 it counted 0 with both kernels while the model's own norms did differ (docs/evidence/determinism.md):
+    a 0 here does not clear vLLM's kernel."""
     import torch
     from vllm import _custom_ops as ops
     from vllm.model_executor.layers import batch_invariant
