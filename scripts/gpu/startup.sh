@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Time launches to their first step at the Qwen3-1.7B shape on one GPU, the start-up cuts off and on (issue 55):
+# Time launches to their first step at the Qwen3-1.7B shape on one GPU, the start-up cuts off and on:
 #   bash scripts/gpu/startup.sh OUT TOKENIZER [LAUNCHES|imports] [--cold SITE | --compiled SITE]
 # TOKENIZER: a tokenizer folder with Qwen's vocabulary (stapo.quickstart.tiny.build_qwen_tokenizer). OUT gets a random
 # model of the shape, the word task, and a folder per launch, KIND-N for the N-th launch of its kind, with the
