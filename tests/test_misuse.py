@@ -190,6 +190,7 @@ ENTRIES = {
         work=("stapo.checks.replay:watch",),
         kinds={"cmd": "text", "--metrics": "out-file", "--times": "out-file"},
     ),
+    "stapo.checks.replay twins": Entry(("twins", "{A}/replayed"), work=("stapo.checks.replay:twin_problems",)),
     "stapo.checks.startup run": Entry(
         ("run", "true", "--out", "{W}/startup"), work=("stapo.checks.startup:launch",), kinds={"command": "text"}
     ),
@@ -343,6 +344,8 @@ def assets(tmp_path_factory):
     write_gguf(root / "small.gguf")
     invariance = {"setting": "fa2", "greedy": False, "eager": True, "requests": 2, "compositions": {}}
     (root / "invariance.json").write_text(json.dumps(invariance))
+    (root / "replayed").mkdir()  # what `replay run --twin --out replayed` leaves: its verdicts
+    (root / "replayed" / "replay.json").write_text(json.dumps({"twin": {"failed": "see replayed/runs/twin"}}))
     (root / "repo" / "docs" / "evidence").mkdir(parents=True)
     (root / "repo" / "docs" / "evidence" / "page.md").write_text("# a page without generated blocks\n")
     for path in (root / "metrics.jsonl", root / "experiment" / "runs" / "justrl-s0" / "metrics.jsonl"):

@@ -215,7 +215,7 @@ def test_the_gpu_script_probes_every_setting_beside_the_replay(tmp_path):
     assert (out / "invariance" / "table.md").read_text().count("| again |") == 6
     assert "-m stapo.quickstart.task word --difficulty 1 --train 48" in "\n".join(lines)
     usage = standins.run_gpu_script(tmp_path, "determinism.sh", "", "--help")[0]
-    assert usage.returncode == 0 and "Issue 54 on one GPU" in usage.stdout
+    assert usage.returncode == 0 and "On one GPU: is vLLM batch-invariant here" in usage.stdout
     refused = standins.run_gpu_script(tmp_path, "determinism.sh", "", "x", "--srcx", "y")[0]
     assert refused.returncode == 2 and "unknown option" in refused.stderr
 
@@ -245,15 +245,34 @@ def test_the_deadline_script_runs_the_signal_and_deadline_legs(tmp_path):
     assert usage.returncode == 0 and "outlives its job" in usage.stdout
 
 
-BITWISE = (
-    STANDIN
-    + """import time
-if sys.argv[2] in ("stapo.checks.batch_invariance", "stapo.checks.replay") and "table" not in sys.argv:
+TWIN = {"metrics": 104, "steps": [1, 2, 3, 4, 5, 6], "missing": [], "halt": 0, "first_step": None, "first_metrics": [],
+        "one_sided": [], "weights_equal": True}  # fmt: skip
+EQUAL_TWINS = {"twin": TWIN, "twin_halt": {**TWIN, "steps": [1, 2, 4, 5, 6], "missing": [3], "halt": 3}}
+"""A ``replay.json``'s twins as ``replay run --twin --twin-halt 3`` writes them when both equal the record run (the
+halted twin's step 3 line lost at the kill)."""
+
+
+def bitwise_standin(twins: dict) -> str:
+    """The stand-in Python for scripts/gpu/bitwise.sh: :data:`STANDIN`, each engine job and the replay check taking a
+    while and logging its end, the replay check writing ``replay.json`` with ``twins``, and the real ``replay
+    twins`` reading it."""
+    record = json.dumps(twins).replace("{", "{{").replace("}", "}}")
+    return (
+        STANDIN
+        + f"""import time
+if sys.argv[2:4] == ["stapo.checks.replay", "twins"]:
+    from stapo.checks.replay import main
+    main(sys.argv[3:])
+elif sys.argv[2] in ("stapo.checks.batch_invariance", "stapo.checks.replay") and "table" not in sys.argv:
     time.sleep(0.5)  # a job that takes a while: its end is logged, so that what ran after what shows
-    with open({calls!r}, "a") as calls:
-        calls.write("end " + sys.argv[sys.argv.index("--out") + 1] + "\\n")
+    out = sys.argv[sys.argv.index("--out") + 1]
+    if sys.argv[2] == "stapo.checks.replay":
+        os.makedirs(out, exist_ok=True)
+        open(os.path.join(out, "replay.json"), "w").write({record!r})
+    with open({{calls!r}}, "a") as calls:
+        calls.write("end " + out + "\\n")
 """
-)
+    )
 
 
 BITWISE_RECORDS = ("seeded", "greedy", "alone-vllm", "alone-recipe")
@@ -273,8 +292,9 @@ def test_the_bitwise_script_probes_beside_the_twins_then_times_each_norm_alone(t
     gguf.write_bytes(b"GGUF")
     (out / "bitwise").mkdir(parents=True)
     (out / "bitwise" / "alone-vllm.json").write_text("{}")  # a record of an earlier try: not taken for this one's
-    done, lines = standins.run_gpu_script(tmp_path, "bitwise.sh", BITWISE, out, "--src", gguf)
+    done, lines = standins.run_gpu_script(tmp_path, "bitwise.sh", bitwise_standin(EQUAL_TWINS), out, "--src", gguf)
     assert done.returncode == 0, done.stderr
+    assert "twin: equal to the bit\ntwin_halt: equal to the bit" in done.stdout
     assert lines[0].startswith(f"-m stapo.tools.pretrained --out {out}/smollm2/raw --src {gguf}")
     assert lines[1].startswith(f"-m stapo.quickstart.task word --difficulty 1 --train 48 --val 8 --out {out}/task")
     model = out / "smollm2" / "raw"
@@ -303,9 +323,13 @@ def test_the_bitwise_script_probes_beside_the_twins_then_times_each_norm_alone(t
     (model / "config.json").write_text("{}")
     (out / "task").mkdir()
     (out / "task" / "train.parquet").write_bytes(b"")
-    [check] = [shlex.split(line)[2:-1] for line in lines if line.split()[1] == "stapo.checks.replay"]
+    [check] = [shlex.split(line)[2:-1] for line in lines if line.split()[1:3] == ["stapo.checks.replay", "run"]]
+    verdict = lines.index(f"-m stapo.checks.replay twins {out}/replay (None)")
+    assert lines.index(f"end {out}/replay") < verdict  # the twins' verdict, once the check ended
     args = replay.build_parser().parse_args(check)
     assert (args.halt, args.signal, args.deadline, args.steps, args.twin, args.twin_halt) == ([], [], 0, 6, True, 3)
+    (out / "replay" / "replay.json").unlink()  # the stand-in's record: the real check wants a new folder
+    (out / "replay").rmdir()
     assert args.out == out / "replay" and replay.check(args) is None
     tables = [line.split()[3:-1] for line in lines if line.split()[1:3] == ["stapo.checks.batch_invariance", "table"]]
     [table] = [t for t in tables if f"{out}/bitwise/" in t[0]]  # and locate.sh's of its own probes
@@ -351,3 +375,43 @@ def test_an_out_folder_in_use_is_refused(tmp_path, task, capsys):
         replay.main(args(tmp_path, task))
     assert done.value.code == 2 and "--out" in (err := capsys.readouterr().err) and "not empty" in err
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["replay.json"]
+
+
+def test_the_bitwise_script_fails_when_a_twin_failed(tmp_path):
+    """scripts/gpu/bitwise.sh as printed, the replay check's twin failed (as on the H100 of docs/evidence/bitwise.md):
+    every record is there, yet the script exits 1 and says which twin and why."""
+    out, gguf = tmp_path / "new" / "bw", tmp_path / "sm.gguf"
+    gguf.write_bytes(b"GGUF")
+    twins = {**EQUAL_TWINS, "twin": {"failed": "see OUT/replay/runs/twin/train.log"}}
+    done, _ = standins.run_gpu_script(tmp_path, "bitwise.sh", bitwise_standin(twins), out, "--src", gguf)
+    assert done.returncode == 1 and "error: twin: failed: see OUT/replay/runs/twin/train.log" in done.stderr
+    assert "twin_halt: equal to the bit" in done.stdout and "no seeded record" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("record", "code", "said"),
+    [
+        ("bitwise-twin-h100-45589f6/replay", 0, "twin: equal to the bit"),
+        ("bitwise-h100-45589f6/replay", 1, "error: twin: failed: see /tmp/bw/replay/runs/twin/train.log"),
+        ("deadline-h100-62eb206", 1, "error: twin: parts at step 1 in 68 metrics, first actor/entropy"),
+        ("determinism-h200/replay", 1, "error: twins: none in replay.json: run the check with --twin or --twin-halt K"),
+    ],
+)
+def test_the_twins_verdict_reads_the_recorded_checks(record, code, said):
+    """``python -m stapo.checks.replay twins OUT`` on the replay checks' own records: the twin run alone after the
+    recipe's norm (equal), the twin that failed at start-up beside seven engines, the twin before the recipe's norm
+    (parts at step 1, as docs/evidence/determinism.md reads it), and a check run without twins."""
+    root = Path(__file__).resolve().parents[1] / "evidence" / record
+    done = subprocess.run([sys.executable, "-m", "stapo.checks.replay", "twins", root], capture_output=True, text=True)
+    assert done.returncode == code and said in done.stdout + done.stderr, done.stdout + done.stderr
+
+
+def test_the_twins_verdict_allows_only_a_halted_twins_own_step_missing():
+    """A halted twin may lack its halt step's line (the kill can take it); any other missing step, one-sided metric
+    or different last weights is a problem."""
+    assert replay.twin_problems(EQUAL_TWINS) == {"twin": None, "twin_halt": None}
+    lost = {"twin_halt": {**EQUAL_TWINS["twin_halt"], "missing": [3, 4]}}
+    assert replay.twin_problems(lost) == {"twin_halt": "steps not compared: [3, 4]"}
+    assert replay.twin_problems({"twin": {**TWIN, "missing": [6]}}) == {"twin": "steps not compared: [6]"}
+    assert replay.twin_problems({"twin": {**TWIN, "one_sided": ["a/b"]}}) == {"twin": "logged by one run only: a/b"}
+    assert replay.twin_problems({"twin": {**TWIN, "weights_equal": False}}) == {"twin": "last weights differ"}

@@ -4,9 +4,11 @@
                                       [--deadline SECONDS] [--twin] [--twin-halt K] [-- OVERRIDE ...]
     python -m stapo.checks.replay halt --at STEP --checkpoints DIR -- COMMAND ...
     python -m stapo.checks.replay watch --metrics FILE --times FILE [--signal-at K] [--stops] -- COMMAND ...
+    python -m stapo.checks.replay twins OUT
 
-vLLM 0.24's generation on an H200 depends on the batch around a request (docs/determinism.md), so two runs of one
-command differ from their first step whatever the trainer does. ``run`` takes vLLM out of the question: a *record*
+Without the recipe's vLLM plugin ``stapo_rms_norm``, vLLM 0.24's generation depends on the batch around a request
+(docs/determinism.md), so two runs of one command differ from their first step whatever the trainer does. ``run``
+takes vLLM out of the question: a *record*
 run of the recipe's STAPO method (``determinism=full``, ``stapo.record_rollouts``) writes every response it generates;
 a *replay* run (``stapo.replay_rollouts``) trains on those responses without generating, and so, for each ``--halt``
 step K, does a run killed at the step boundary after its checkpoint of step K (``halt``) and then resumed. All of
@@ -33,10 +35,12 @@ step a deadline stops is :func:`stapo.train.deadline.must_stop`'s arithmetic, te
 Two real runs (``--twin``): a second record run of the same command and seed beside the record run, recording a tape
 of its own; ``OUT/replay.md`` gets the two compared at every metric (as ``python -m stapo.checks.reproduce compare
 --all`` does) and ``OUT/replay.json`` which metrics were equal at every step and the first step and metrics where the
-two parted (:func:`stapo.tools.curves.parting`). Reported, not part of the verdict: vLLM's generation depends on the
-batch around a request (docs/determinism.md). A twin that fails is reported as failed (``"twin": {"failed": ...}``),
-and the check goes on without it. ``--twin-halt K`` adds a third real run, killed after its checkpoint of step K and
-resumed, generating all along (no replay), compared with the record run the same way (``"twin_halt"``), reported.
+two parted (:func:`stapo.tools.curves.parting`). Reported, not part of ``run``'s verdict, which is the training
+side's. A twin that fails is reported as failed (``"twin": {"failed": ...}``), and the check goes on without it.
+``--twin-halt K`` adds a third real run, killed after its checkpoint of step K and resumed, generating all along (no
+replay), compared with the record run the same way (``"twin_halt"``), reported. ``twins OUT`` is the verdict on them
+(:func:`twin_problems`, what ``scripts/gpu/bitwise.sh`` exits with): a line per twin, and status 1 unless every twin
+finished and equals the record run to the bit.
 
 ``halt`` runs COMMAND in a process group of its own and kills the group once ``DIR/latest_checkpointed_iteration.txt``
 says STEP (or later), as a preempted job is killed; it exits 0 then, and 1 if COMMAND ended first. ``watch`` runs
@@ -199,6 +203,28 @@ def twins(out: Path, steps: int, leg: Leg) -> tuple[dict, str]:
     found["weights_equal"] = None not in digests and digests[0] == digests[1]
     title = f"## record against {leg.folder} (two real runs of one seed: reported, not part of the verdict)"
     return found, f"{title}\n\n{to_markdown(result, ('record', leg.folder))}"
+
+
+def twin_problems(record: dict) -> dict[str, str | None]:
+    """Per twin of a ``replay.json`` (``twin``, ``twin_halt``): what keeps it from equalling the record run to the bit
+    (it failed; a metric differs, or one run alone logged it; a step is missing other than a halted twin's own, whose
+    line the kill can take; the last weights differ), or None where it equals it. No twin at all is a problem too."""
+    found = {key: record[key] for key in ("twin", "twin_halt") if key in record}
+    if not found:
+        return {"twins": "none in replay.json: run the check with --twin or --twin-halt K"}
+    problems = {}
+    for key, twin in found.items():
+        allowed = [twin.get("halt")] if twin.get("halt") else []
+        problems[key] = (
+            f"failed: {twin['failed']}" if "failed" in twin
+            else f"parts at step {twin['first_step']} in {len(twin['first_metrics'])} metrics, first "
+                 f"{', '.join(twin['first_metrics'][:3])}" if twin["first_step"]
+            else f"logged by one run only: {', '.join(twin['one_sided'])}" if twin["one_sided"]
+            else f"steps not compared: {twin['missing']}" if [s for s in twin["missing"] if s not in allowed]
+            else "last weights differ" if not twin["weights_equal"]
+            else None
+        )  # fmt: skip
+    return problems
 
 
 def halt(at: int, checkpoints: Path, command: Sequence[str]) -> int:
@@ -392,6 +418,8 @@ def build_parser() -> argparse.ArgumentParser:
     watching.add_argument("--signal-at", type=int, default=0, help="send SIGUSR1 once this step appeared")
     watching.add_argument("--stops", action="store_true", help="the run must exit with status 3 (saved, stopped)")
     watching.add_argument("cmd", nargs="+", metavar="COMMAND")
+    pair = commands.add_parser("twins", help="exit 0 only if every twin run of OUT equals the record run to the bit")
+    pair.add_argument("out", type=Path, metavar="OUT", help="the folder `run --out` wrote (its replay.json)")
     return parser
 
 
@@ -415,6 +443,19 @@ def main(argv: Sequence[str] | None = None) -> None:
         ):
             parser.exit(2, f"error: {problem}\n")
         raise SystemExit(watch(args.cmd, args.metrics, args.times, args.signal_at, args.stops))
+    if args.command == "twins":
+        try:
+            record = json.loads((args.out / "replay.json").read_text())
+        except (OSError, ValueError) as error:
+            why = "no such file" if isinstance(error, FileNotFoundError) else str(error)
+            parser.exit(2, f"error: {args.out / 'replay.json'}: {why}; pass the folder `replay run --out` wrote\n")
+        problems = twin_problems(record)
+        for key, problem in problems.items():
+            print(
+                f"error: {key}: {problem}" if problem else f"{key}: equal to the bit",
+                file=sys.stderr if problem else sys.stdout,
+            )
+        raise SystemExit(1 if any(problems.values()) else 0)
     if problem := check(args):
         parser.exit(2, f"error: {problem}\n")
     raise SystemExit(run(args))
