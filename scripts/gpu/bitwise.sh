@@ -8,8 +8,8 @@
 # the probe with vLLM's norm and with the recipe's: what the norm costs. OUT/locate as locate.sh writes it (its output
 # in OUT/locate.log); OUT/bitwise: a record and a log per probe, table.md; OUT/replay: replay.md, replay.json, the runs.
 # Exit status 1 when a check fails, a record is missing, or a twin failed or differs from the record run. vLLM 0.24
-# checks the whole GPU's free memory as verl puts it to sleep, so an engine starting beside a run can stop it ("Memory
-# usage increased after sleeping", as the twin of docs/evidence/bitwise.md did): then run the twins again alone,
+# checks the whole GPU's free memory as verl puts it to sleep, so another process allocating beside a run can stop it
+# ("Memory usage increased after sleeping", as the twin of docs/evidence/bitwise.md did): run the twins again alone,
 # `python -m stapo.checks.replay run --model OUT/smollm2/raw --data OUT/task --out NEW --halt --twin`.
 set -euo pipefail
 usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; }

@@ -19,7 +19,9 @@ every named place exists). The three that patch verl or vLLM at run time live he
   ``fused_add_rms_norm`` CUDA kernel, whose block size follows the batch's token count (1,024 threads under 256
   tokens, 256 from there on), so the same token's norm sums its squares in another order in a small prefill than in
   a large one (vLLM PR #48391, merged after the 0.24 wheel was built). The plugin adds the residual and normalises
-  with vLLM's own Triton ``rms_norm_batch_invariant`` (one block size for every batch).
+  with vLLM's own Triton ``rms_norm_batch_invariant`` (one block size for every batch). On an H100 a request alone first
+  parted from the batch at such a norm, and with the plugin nowhere (docs/evidence/bitwise.md); the block size as the
+  reason is read from vLLM's code, not measured.
 * :func:`stapo.quiet_verl_import_notices` -- importing verl on a machine without its optional engines and
   accelerator prints 12 lines (five ``UserWarning`` "<engine> engine is not available" from
   ``verl/workers/engine/__init__.py``, two "No supported accelerator detected" / "registered but not available" log
