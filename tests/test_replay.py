@@ -399,8 +399,8 @@ def test_the_bitwise_script_fails_when_a_twin_failed(tmp_path):
 )
 def test_the_twins_verdict_reads_the_recorded_checks(record, code, said):
     """``python -m stapo.checks.replay twins OUT`` on the replay checks' own records: the twin run alone after the
-    recipe's norm (equal), the twin that failed at start-up beside seven engines, the twin before the recipe's norm
-    (parts at step 1, as docs/evidence/determinism.md reads it), and a check run without twins."""
+    recipe's norm (equal), the twin that failed at start-up beside the script's engines, the twin before the recipe's
+    norm (parts at step 1, as docs/evidence/determinism.md reads it), and a check run without twins."""
     root = Path(__file__).resolve().parents[1] / "evidence" / record
     done = subprocess.run([sys.executable, "-m", "stapo.checks.replay", "twins", root], capture_output=True, text=True)
     assert done.returncode == code and said in done.stdout + done.stderr, done.stdout + done.stderr

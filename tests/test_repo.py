@@ -80,9 +80,12 @@ def help_texts() -> dict[str, str]:
         if 'if __name__ == "__main__"' in path.read_text()
     )
 
-    def shown(argv: list[str]) -> str:
-        done = subprocess.run([sys.executable, "-m", *argv, "--help"], capture_output=True, text=True, cwd=root)
+    def usage(command: list[str]) -> str:
+        done = subprocess.run([*command, "--help"], capture_output=True, text=True, cwd=root, timeout=120)
         return done.stdout + done.stderr
+
+    def shown(argv: list[str]) -> str:
+        return usage([sys.executable, "-m", *argv])
 
     with ThreadPoolExecutor(4) as pool:
         texts = dict(zip(modules, pool.map(lambda m: shown([m]), modules), strict=True))
@@ -91,10 +94,9 @@ def help_texts() -> dict[str, str]:
             for sub in group.split(",")
         ]  # fmt: skip
         texts |= dict(zip(map(" ".join, subcommands), pool.map(shown, subcommands), strict=True))
-    for script in sorted(root.glob("scripts/**/*.sh")) + sorted(root.glob("scripts/*.sbatch")):
-        if script.name != "lib.sh":  # sourced by scripts/gpu/*.sh, not run
-            done = subprocess.run(["bash", script, "--help"], capture_output=True, text=True, cwd=root, timeout=120)
-            texts[str(script.relative_to(root))] = done.stdout + done.stderr
+        scripts = [str(path.relative_to(root)) for path in sorted(root.glob("scripts/**/*.sh")) + sorted(
+            root.glob("scripts/*.sbatch")) if path.name != "lib.sh"]  # fmt: skip  # (lib.sh is sourced, not run)
+        texts |= dict(zip(scripts, pool.map(lambda script: usage(["bash", script]), scripts), strict=True))
     return texts
 
 

@@ -69,7 +69,7 @@ UPSTREAM = {
     "triton": "one of the backends vLLM's tests/v1/determinism/test_batch_invariance.py covers",
 }
 """What each setting answers upstream: the leads of issue 54, and for ``fa3`` what the H100 record of
-docs/evidence/determinism.md located (a request alone parted at a residual RMSNorm, with either attention setting)."""
+docs/evidence/bitwise.md located (a request alone first parted at a residual RMSNorm)."""
 ENVIRONMENT = {"VLLM_BATCH_INVARIANT": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 """Set before vLLM is imported: batch-invariant kernels, and the engine in this process (one process per setting)."""
 RECORDED_ENV = (
@@ -297,7 +297,7 @@ def residual_norm_rows(hidden: int, rows: tuple[int, int] = NORM_ROWS, device: s
     """The residual RMSNorm alone, at the model's hidden size: of the first ``rows[0]`` of ``rows[1]`` seeded bfloat16
     rows (input and residual), how many come out otherwise when only they are normalised, with vLLM 0.24's fused
     kernel (``_custom_ops.fused_add_rms_norm``, in place) and with the recipe's (the sum, then vLLM's Triton kernel).
-    On an H100 it counted 0 with both kernels while the model's own norms did differ (docs/evidence/determinism.md):
+    On an H100 it counted 0 with both kernels while the model's own norms did differ (docs/evidence/bitwise.md):
     a 0 here does not clear vLLM's kernel."""
     import torch
     from vllm import _custom_ops as ops
