@@ -5,6 +5,7 @@ stand-in cannot show, that the tape gives a replayed run the recorded rollouts, 
 
 import dataclasses
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -337,6 +338,10 @@ def test_the_bitwise_script_probes_beside_the_twins_then_times_each_norm_alone(t
     assert (out / "bitwise" / "table.md").is_file()
     usage = standins.run_gpu_script(tmp_path, "bitwise.sh", "", "--help")[0]
     assert usage.returncode == 0 and "Bit for bit end to end" in usage.stdout
+    [again] = re.findall(r"`python -m (stapo\.checks\.replay run [^`]+)`", usage.stdout)  # the twins alone, as printed
+    again = shlex.split(again.replace("OUT/", f"{out}/").replace("NEW", str(tmp_path / "twins")))[1:]
+    assert replay.check(again := replay.build_parser().parse_args(again)) is None and (again.twin, again.halt) == (
+        True, [])  # fmt: skip
     silent = "#!{python}\nimport sys\nopen({calls!r}, 'a').write(' '.join(sys.argv[1:]) + '\\n')\n"  # no records
     again = standins.run_gpu_script(tmp_path, "bitwise.sh", silent, out)[0]  # the same OUT: its records don't count
     assert again.returncode == 1 and all(f"error: no {name} record" in again.stderr for name in BITWISE_RECORDS)
