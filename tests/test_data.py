@@ -262,7 +262,7 @@ def test_an_empty_or_short_source_never_replaces_good_data(prepared, tmp_path, c
     assert "math500: 3 rows from" in err and "but the benchmark has 500; pass --partial" in err
     assert (out / "math500.parquet").read_bytes() == good
     with pytest.raises(SystemExit):
-        data.main(["train", "--local", str(empty), "--out", str(out)])
+        data.main(["train", "--local", str(write_jsonl(tmp_path / "dapo.jsonl", [])), "--out", str(out)])
     assert "no usable rows" in capsys.readouterr().err and not (out / data.TRAIN_FILENAME).exists()
     data.main(["eval", "--src", str(short), "--out", str(out), "--partial"])  # explicitly asked for: written
     assert len(read_rows(out / "math500.parquet")) == 3
@@ -370,3 +370,20 @@ def test_atomic_writes_and_appends_follow_the_umask(tmp_path):
     assert (tmp_path / "a" / "summary.json").stat().st_mode & 0o777 == 0o640
     assert (tmp_path / "samples.jsonl").stat().st_mode & 0o777 == 0o640
     assert (tmp_path / "samples.jsonl").read_text() == "1\n2\n" and os.listdir(tmp_path / "a") == ["summary.json"]
+
+
+def test_a_benchmarks_file_is_refused_as_training_data(tmp_path, capsys):
+    """A benchmark's own problems in the training set would inflate every table: a file named after a benchmark, or
+    under a folder that is, given to ``train --local`` (alone or in a folder) is one line, and nothing is written."""
+    sample = (FIXTURES / "dapo_processed_sample.jsonl").read_text()
+    (tmp_path / "aime24.jsonl").write_text(sample)
+    (tmp_path / "mixed" / "MATH-500").mkdir(parents=True)
+    (tmp_path / "mixed" / "dapo.jsonl").write_text(sample)
+    (tmp_path / "mixed" / "MATH-500" / "test.jsonl").write_text(sample)
+    for local, bench in ((tmp_path / "aime24.jsonl", "aime24"), (tmp_path / "mixed", "math500")):
+        with pytest.raises(SystemExit) as stop:
+            data.main(["train", "--local", str(local), "--out", str(tmp_path / "out")])
+        said = capsys.readouterr().err
+        assert stop.value.code == 2 and said.count("\n") == 1 and f"a file of the benchmark {bench}," in said
+    assert not (tmp_path / "out").exists()
+    prepare_train(tmp_path / "mixed" / "dapo.jsonl", tmp_path / "out")  # the folder's name is not the file's

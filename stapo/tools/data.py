@@ -512,7 +512,14 @@ def prepare_train(local: Path | None, out_dir: Path, skip_invalid: bool = False,
         )
         sources = [(f"hf://datasets/{HUB_TRAIN.repo}/{HUB_TRAIN.split}", read_records(path))]
     else:
-        sources = [(str(f), read_records(f)) for f in _input_files(Path(local))]
+        files, local = _input_files(Path(local)), Path(local)
+        for f in files:  # the benchmarks' own problems would leak into training and inflate the tables
+            if bench := benchmark_from_path(f.relative_to(local) if local.is_dir() else Path(f.name)):
+                raise SourceError(
+                    f"--local {f}: a file of the benchmark {bench}, which the evaluation scores; train on a copy of "
+                    f"DAPO-Math-17k (python -m stapo.tools.data eval writes the benchmarks)"
+                )
+        sources = [(str(f), read_records(f)) for f in files]
     report = Report("train", Path(out_dir) / TRAIN_FILENAME, [label for label, _ in sources])
     rows = build_rows(sources, TRAIN_DATA_SOURCE, "train", skip_invalid, report)
     _check_rows(report, (HUB_TRAIN.rows,) if local is None else (), partial)
