@@ -10,9 +10,12 @@ import math
 import os
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
@@ -98,6 +101,67 @@ def test_launch_runs_each_run_in_a_cluster_of_its_own(tmp_path, monkeypatch, for
     assert (tmp_path / "runs" / "justrl-s0" / "ray.log").is_file()  # each run's cluster logs beside it
     assert not (tmp_path / "runs" / "grpo-s0" / "train.log").exists()
     foreign_ray_ignored("a run's Ray cluster was left running")  # and no address file a local ray.init() would read
+
+
+TRAINING_OF_ITS_OWN = """
+import os, subprocess, sys, time
+trainer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+open(sys.argv[1] + ".tmp", "w").write(f"{os.getpid()} {trainer.pid}")
+os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+time.sleep(600)
+"""
+"""A run as ``stapo.checks.replay halt`` starts one: a wrapper, and below it a training in a session of its own."""
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie that nobody reaped yet does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_kill_tree_reaches_a_training_in_a_session_of_its_own(tmp_path):
+    pids = tmp_path / "pids"
+    run = subprocess.Popen([sys.executable, "-c", TRAINING_OF_ITS_OWN, str(pids)])
+    deadline = time.monotonic() + 60
+    while not pids.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    wrapper, trainer = map(int, pids.read_text().split())
+    assert clusters.tree(run.pid) == [run.pid, trainer] and alive(trainer)
+    clusters.kill_tree(run)
+    assert run.returncode == -9
+    deadline = time.monotonic() + 10  # the init process reaps the orphaned training
+    while alive(trainer) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive(trainer)
+
+
+def test_a_stopped_launch_stops_what_its_runs_started(tmp_path, monkeypatch, foreign_ray_ignored):
+    """The launcher stopped as scripts stop it (SystemExit from a SIGTERM handler, here SIGALRM's) while a run's
+    wrapper has a training in a session of its own below it: the training goes too (a GPU node would keep it
+    holding the GPU), and so does the run's Ray cluster. The cluster is real; the run is :data:`TRAINING_OF_ITS_OWN`,
+    since verl's trainer needs a GPU."""
+    pids = tmp_path / "pids"
+    previous = signal.signal(signal.SIGALRM, lambda *_: sys.exit(143))
+    monkeypatch.setattr(clusters, "POLL_S", 0.5)
+
+    def command(run):
+        signal.alarm(5)  # once the run's cluster is up
+        return [sys.executable, "-c", TRAINING_OF_ITS_OWN, str(pids)]
+
+    try:
+        with pytest.raises(SystemExit):
+            clusters.launch([ex.Run("stapo", 0)], command, ["0"], tmp_path, stall_s=600)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    trainer = int(pids.read_text().split()[1])
+    deadline = time.monotonic() + 10
+    while alive(trainer) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive(trainer), "the run's training outlived the launcher"
+    foreign_ray_ignored("a run's Ray cluster was left running")
 
 
 def test_runs_start_after_a_local_ray_run_left_its_auth_token(tmp_path, monkeypatch, foreign_ray_ignored):

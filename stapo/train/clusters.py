@@ -255,8 +255,9 @@ def launch(runs: Sequence, command: Callable[..., list[str]], gpus: Sequence[str
     (:func:`ray_head`, :func:`claim_job`) over one of ``gpus``, one run per entry at a time (a GPU named twice takes
     two runs at once): an entry takes the next run :data:`HANDOVER_S` after its last run ended (that run's processes
     may still release GPU memory). A run whose log stays silent for ``stall_s`` seconds is stopped (a hung weight
-    hand-over would hold its GPU for good); if this process stops, so do the runs and their clusters. Returns each
-    run's exit code (0 for runs kept from before)."""
+    hand-over would hold its GPU for good); if this process stops (an exception, or SystemExit from a caller's SIGTERM
+    handler), so do the runs, every process below them (:func:`kill_tree`) and their clusters. Returns each run's exit
+    code (0 for runs kept from before)."""
     codes, queue = {}, []
     for run in runs:
         done = out / "runs" / run.name / "exit_code"
@@ -281,8 +282,7 @@ def launch(runs: Sequence, command: Callable[..., list[str]], gpus: Sequence[str
                 log = out / "runs" / run.name / "train.log"
                 if process.poll() is None and time.time() - max(log.stat().st_mtime, started) > stall_s:
                     print(f"{run.name}: no output for {stall_s:.0f} s, stopped (log: {log})", flush=True)
-                    process.kill()
-                    process.wait()
+                    kill_tree(process)
                 if process.poll() is not None:
                     end(slot, run, process.returncode, cluster)
                     del busy[slot]
@@ -314,10 +314,38 @@ def launch(runs: Sequence, command: Callable[..., list[str]], gpus: Sequence[str
             time.sleep(POLL_S)
     finally:
         for _, process, cluster, _ in busy.values():
-            process.kill()
-            process.wait()
+            kill_tree(process)
             cluster.close()
     return codes
+
+
+def kill_tree(process: subprocess.Popen) -> None:
+    """SIGKILL a run and every process below it, whatever process group or session each is in (a watcher's trainer,
+    the training of ``stapo.checks.replay halt`` in a group of its own), then reap the run. Each process found is
+    stopped first (SIGSTOP) and the tree read again, so that none starts another that the kill would miss."""
+    found: set[int] = set()
+    while new := set(tree(process.pid)) - found:
+        for pid in new:
+            with suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+        found |= new
+    for pid in found:
+        with suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    process.wait()
+
+
+def tree(pid: int) -> list[int]:
+    """``pid`` and the processes below it (their parents read from Linux's ``/proc/PID/stat``)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with suppress(OSError, IndexError, ValueError):  # a process that ended while read
+            children.setdefault(int(stat.read_text().rsplit(")", 1)[1].split()[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        found.append(todo.pop())
+        todo += children.get(found[-1], [])
+    return found
 
 
 def main(argv: Sequence[str] | None = None) -> None:
