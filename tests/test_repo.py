@@ -30,6 +30,12 @@ def test_launchers_parse_and_reject_bad_arguments():
         ["bash", str(ROOT / "scripts" / "train.sh"), "stapo", "qwen3_4b"], capture_output=True, text=True
     )
     assert out.returncode == 2 and "unknown size 'qwen3_4b'" in out.stderr
+    out = subprocess.run(  # any config group, in one line
+        ["bash", str(ROOT / "scripts" / "train.sh"), "stapo", "qwen3_8b", "determinism=ful"],
+        capture_output=True,
+        text=True,
+    )
+    assert (out.returncode, out.stderr) == (2, "error: unknown determinism 'ful'; choose one of: full, none\n")
     out = subprocess.run(["bash", str(ROOT / "scripts" / "train.sh")], capture_output=True, text=True)
     assert out.returncode == 2 and out.stdout.startswith("usage: python -m stapo.train") and out.stderr == ""
 

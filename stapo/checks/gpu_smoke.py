@@ -351,7 +351,7 @@ def pool_problems(pools: list[tuple[int, int]], q: float) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m stapo.checks.gpu_smoke", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--gpus", type=int, default=1)
     parser.add_argument("--steps", type=int, default=4)

@@ -365,6 +365,11 @@ def check_model_args(args: argparse.Namespace) -> None:
     for name in positive:
         if getattr(args, name) < 1:
             raise SystemExit(f"error: --{name.replace('_', '-')}={getattr(args, name)}: must be a positive integer")
+    if (head := args.hidden_size // max(args.hidden_size // 64, 1)) % 2:  # the heads of tiny.build_model
+        raise SystemExit(
+            f"error: --hidden-size={args.hidden_size}: gives attention heads of {head} dimensions, and rotary "
+            "embeddings need an even number; take a multiple of 64 (default 256)"
+        )
     if not args.lr > 0:
         raise SystemExit(f"error: --lr={args.lr}: must be positive")
     if args.eval_problems > args.val:

@@ -273,18 +273,21 @@ def yaml_problems(folder: Path = CONFIG_DIR) -> list[str]:
 
 
 def check_names(argv: list[str]) -> None:
-    """Stop with one line when the method (``--config-name``) or ``size=`` names no config file, or a config file
-    is not valid YAML."""
+    """Stop with one line when the method (``--config-name``), ``size=`` or another config group's choice
+    (``determinism=``: a folder of configs/) names no config file, or a config file is not valid YAML."""
     for problem in yaml_problems():
         print(f"error: {problem}", file=sys.stderr)
         raise SystemExit(2)
-    values = {"method": "stapo", "size": None}
+    folders = [d for d in CONFIG_DIR.iterdir() if d.is_dir() and not d.name.startswith("_")]
+    groups = {d.name: tuple(sorted(f.stem for f in d.glob("*.yaml"))) for d in folders}
+    groups["size"] = sizes()
+    values: dict[str, str | None] = {"method": "stapo", **dict.fromkeys(groups)}
     for i, arg in enumerate(argv):
         if arg.startswith("--config-name"):
             values["method"] = arg.partition("=")[2] or (argv[i + 1] if i + 1 < len(argv) else "")
-        elif arg.startswith("size="):
-            values["size"] = arg.partition("=")[2]
-    for kind, allowed in (("method", methods()), ("size", sizes())):
+        elif (group := arg.partition("=")[0]) in groups and "=" in arg:
+            values[group] = arg.partition("=")[2]
+    for kind, allowed in (("method", methods()), *groups.items()):
         if values[kind] is not None and values[kind] not in allowed:
             print(f"error: unknown {kind} '{values[kind]}'; choose one of: {', '.join(allowed)}", file=sys.stderr)
             raise SystemExit(2)

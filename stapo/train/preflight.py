@@ -164,6 +164,7 @@ def _gpu_problems(config: DictConfig) -> list[str]:
         rollout = config.actor_rollout_ref.rollout
         needed += rollout.n_gpus_per_node * rollout.nnodes
         where += f" + actor_rollout_ref.rollout.n_gpus_per_node={rollout.n_gpus_per_node} x nnodes={rollout.nnodes}"
+    where += f" needs {needed} GPU{'s' * (needed != 1)}"
     address = os.environ.get("RAY_ADDRESS") or config.get("ray_kwargs", {}).get("ray_init", {}).get("address")
     if address:
         if address.startswith(("http://", "https://")):
@@ -176,7 +177,7 @@ def _gpu_problems(config: DictConfig) -> list[str]:
         if isinstance(found, str):
             return [f"RAY_ADDRESS={address}: {found}"]
         if found < needed:
-            return [f"{where} needs {needed} GPUs; the Ray cluster at {address} has {found:g}: lower them or add nodes"]
+            return [f"{where}; the Ray cluster at {address} has {found:g}: lower them or add nodes"]
         return []
     if trainer.nnodes > 1:
         return [
@@ -186,13 +187,13 @@ def _gpu_problems(config: DictConfig) -> list[str]:
     visible = local_gpus()
     if visible == 0:
         return [
-            f"{where} needs {needed} GPUs; this machine has none visible (torch.cuda.device_count() is 0): run on a "
+            f"{where}; this machine has none visible (torch.cuda.device_count() is 0): run on a "
             "GPU node or submit to a Ray cluster with RAY_ADDRESS; without GPUs, try bash scripts/quickstart.sh"
         ]
     if visible < needed:
         shown = os.environ.get("CUDA_VISIBLE_DEVICES")
         return [
-            f"{where} needs {needed} GPUs; this machine has {visible} visible"
+            f"{where}; this machine has {visible} visible"
             + (f" (CUDA_VISIBLE_DEVICES={shown})" if shown is not None else "")
             + f": set trainer.n_gpus_per_node={visible} or run where the GPUs are"
         ]
