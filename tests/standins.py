@@ -72,14 +72,30 @@ LOGGING_SH = '#!/bin/sh\nprintf "%s\\n" "$*" >> {calls}\n'
 """A stand-in Python for :func:`run_gpu_script` that only logs its arguments, one call a line."""
 
 
-def run_gpu_script(tmp_path: Path, script: str, program: str, *args) -> tuple[subprocess.CompletedProcess, list[str]]:
+def gpu_path(tmp_path: Path, gpu: bool = True) -> str:
+    """A ``PATH`` of the system's folders behind a stand-in ``nvidia-smi`` that lists one GPU, or, without ``gpu``,
+    none (as the real one answers on a machine without: "No devices were found", status 6): the scripts of
+    scripts/gpu refuse to start where ``nvidia-smi -L`` lists none, and this machine has none."""
+    folder = tmp_path / ("gpu-bin" if gpu else "no-gpu-bin")
+    folder.mkdir(exist_ok=True)
+    smi = folder / "nvidia-smi"
+    answer = 'echo "GPU 0: stand-in (UUID: GPU-0)"' if gpu else "echo 'No devices were found'; exit 6"
+    smi.write_text(f"#!/bin/sh\n{answer}\n")
+    smi.chmod(0o755)
+    return f"{folder}:/usr/bin:/bin"
+
+
+def run_gpu_script(
+    tmp_path: Path, script: str, program: str, *args, gpu: bool = True
+) -> tuple[subprocess.CompletedProcess, list[str]]:
     """``bash scripts/gpu/SCRIPT ARGS`` as a user runs it (a PATH without this environment's), with a stand-in for the
     Python that needs a GPU: ``program``, a script's text whose ``{python}`` and ``{calls}`` are this interpreter and
-    the file it logs its calls to, as ``STAPO_PYTHON``. The finished process and the logged calls."""
+    the file it logs its calls to, as ``STAPO_PYTHON``, and, with ``gpu``, for ``nvidia-smi`` (:func:`gpu_path`). The
+    finished process and the logged calls."""
     calls, python = tmp_path / "calls", tmp_path / "python"
     python.write_text(program.format(python=sys.executable, calls=str(calls)))
     python.chmod(0o755)
-    env = {"PATH": "/usr/bin:/bin", "STAPO_PYTHON": str(python), "PYTHONPATH": str(HERE.parents[1])}
+    env = {"PATH": gpu_path(tmp_path, gpu), "STAPO_PYTHON": str(python), "PYTHONPATH": str(HERE.parents[1])}
     command = ["bash", str(HERE.parents[1] / "scripts" / "gpu" / script), *map(str, args)]
     done = subprocess.run(command, env=env, capture_output=True, text=True)
     return done, calls.read_text().splitlines() if calls.exists() else []

@@ -5,6 +5,7 @@ metrics written by verl's own FileLogger and read back by ``experiment decisive`
 from __future__ import annotations
 
 import pytest
+import standins
 from verl.utils.tracking import FileLogger
 
 from stapo.quickstart import experiment as ex
@@ -146,7 +147,7 @@ def test_the_round_script_runs_the_pre_registered_commands(tmp_path):
     out = tmp_path / "new" / "decisive"
     done = subprocess.run(
         ["bash", str(script), "1", str(out), "--src", str(standin)],
-        env={"PATH": "/usr/bin:/bin", "STAPO_PYTHON": str(standin)},
+        env={"PATH": standins.gpu_path(tmp_path), "STAPO_PYTHON": str(standin)},
         capture_output=True,
         text=True,
     )

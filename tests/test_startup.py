@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+import standins
 
 from stapo.checks import startup
 
@@ -218,7 +219,7 @@ def _run_gpu_script(tmp_path, *args):
     script = Path(__file__).parents[1] / "scripts" / "gpu" / "startup.sh"
     done = subprocess.run(
         ["bash", str(script), str(tmp_path / "out"), str(tmp_path / "tok"), *args],
-        env={"PATH": "/usr/bin:/bin", "STAPO_PYTHON": str(standin)},
+        env={"PATH": standins.gpu_path(tmp_path), "STAPO_PYTHON": str(standin)},
         capture_output=True,
         text=True,
     )

@@ -6,12 +6,17 @@ take_src() {  # [--src FILE]: sets src=(--src FILE), or src=() without it; anyth
   [ -f "$2" ] || { echo "error: --src $2: no such file" >&2; exit 2; }
   src=(--src "$2")
 }
+needs_gpu() {  # one line and status 2 where nvidia-smi lists no GPU: before any download, conversion or Ray cluster
+  nvidia-smi -L 2> /dev/null | grep -q '^GPU' \
+    || { echo "error: ${0##*/} needs an NVIDIA GPU, and nvidia-smi -L lists none here: run it on a GPU node" >&2; exit 2; }
+}
 out_and_model() {  # "$@" of a script run as `SCRIPT OUT [--src FILE]`: --help (the script's usage), the argument
   # count, then out=OUT, PY, and SmolLM2-135M converted into model=OUT/smollm2/raw
   case "${1:-}" in -h | --help) usage; exit 0 ;; esac
   [ $# -eq 1 ] || [ $# -eq 3 ] || { usage >&2; exit 2; }
   out=$1
   take_src "${@:2}"
+  needs_gpu
   PY=${STAPO_PYTHON:-python}
   model="$out/smollm2/raw"
   smollm2 "$model"
@@ -32,6 +37,7 @@ engine_records() {  # DIR NAME ...: a line for each NAME without its record DIR/
   return $code
 }
 ladder() {  # OUT: the ladder's model, task and warm-up (docs/history.md, section 10) under OUT, once; sets warm, task
+  needs_gpu
   warm="$1/smollm2-warm/step-300" task="$1/tasks/mixed"
   [ -f "$warm/config.json" ] && return 0
   smollm2 "$1/smollm2/raw"
@@ -42,6 +48,7 @@ ladder() {  # OUT: the ladder's model, task and warm-up (docs/history.md, sectio
 qwen_shape() {  # OUT TOKENIZER: a random Qwen3-1.7B with TOKENIZER's vocabulary in OUT/model and the word task in
   # OUT/word, once; sets run=(...), the overrides of a short one-GPU run on them (no validation, checkpoint or resume)
   [ -f "$2/tokenizer_config.json" ] || { echo "error: $2: no tokenizer_config.json; a tokenizer folder" >&2; exit 2; }
+  needs_gpu
   mkdir -p "$1"
   [ -f "$1/model/config.json" ] || $PY -m stapo.checks.scale model --shape qwen3_1.7b --tokenizer "$2" \
     --out "$1/model" --device cuda
