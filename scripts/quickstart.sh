@@ -5,18 +5,21 @@
 # Without one: warm-up on the CPU and the S2T mask on the warmed-up model's own rollouts (no RL training).
 # PYTHON selects the interpreter (default: python3). docs/quickstart.md describes the outputs.
 set -euo pipefail
+python=${PYTHON:-python3}
+"$python" -c 'import importlib.util as u, sys; sys.exit(any(not u.find_spec(m) for m in ("stapo", "verl", "torch")))' \
+  2> /dev/null || { echo "error: PYTHON=$python: no Python with the recipe (stapo, verl, torch); activate the environment" \
+  "of pip install -e . or set PYTHON to its python" >&2; exit 2; }
 case "${1-}" in
   -h | --help)
     sed -n '2,6s/^# \{0,1\}//p' "$0"
     echo
-    exec "${PYTHON:-python3}" -m stapo.quickstart --help ;;
+    exec "$python" -m stapo.quickstart --help ;;
   -*) echo "error: the first argument is the output folder (default outputs/quickstart), not $1; options follow it:" \
         "bash scripts/quickstart.sh OUT $*" >&2
       exit 2 ;;
 esac
 out=${1:-outputs/quickstart}
 shift $(($# > 0 ? 1 : 0))
-python=${PYTHON:-python3}
 if "$python" -c 'import sys, torch; sys.exit(not torch.cuda.is_available())' 2>/dev/null; then
     nvidia-smi -L 2>/dev/null | head -n 1 || true
     exec "$python" -m stapo.quickstart gpu --out "$out" "$@"

@@ -19,9 +19,12 @@ names() { ls "$1" | sed -n 's/\.yaml$//p' | grep -vx base | paste -sd'|'; }  # c
 usage="usage: RAY_ADDRESS=http://HEAD_IP:8265 bash scripts/ray_job.sh METHOD SIZE [override ...]  \
 (METHOD: $(names "$configs"); SIZE: $(names "$configs/size"); see python3 -m stapo.train --help)"
 case ${1-} in -h|--help) echo "$usage"; exit 0 ;; esac
-if [ $# -lt 2 ] || [ "$1" = base ] || [ ! -f "$configs/$1.yaml" ] || [ ! -f "$configs/size/$2.yaml" ]; then
-  echo "$usage" >&2; exit 2
+[ $# -ge 2 ] || { echo "$usage" >&2; exit 2; }
+if [ "$1" = base ] || [ ! -f "$configs/$1.yaml" ]; then
+  echo "error: unknown method '$1'; choose one of: $(names "$configs" | sed 's/|/, /g')" >&2; exit 2
 fi
+[ -f "$configs/size/$2.yaml" ] \
+  || { echo "error: unknown size '$2'; choose one of: $(names "$configs/size" | sed 's/|/, /g')" >&2; exit 2; }
 method=$1 size=$2
 shift 2
 if [ -z "${RAY_ADDRESS-}" ]; then

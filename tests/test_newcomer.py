@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import standins
 
 from stapo.tools.io import model_folder_problems, output_problem
 
@@ -100,6 +101,10 @@ def place(tmp_path):
             ["-m", "stapo.quickstart", "cpu", "--out", "q", "--train", "700", "--val", "100"],
             "--train 700 + --val 100 = 800 problems, but the task has 729 distinct ones",
         ),
+        (
+            ["-m", "stapo.quickstart", "cpu", "--out", "q", "--hidden-size", "7"],
+            "--hidden-size=7: gives attention heads of 7 dimensions, and rotary embeddings need an even number",
+        ),
     ],
 )
 def test_misuse_is_one_line_and_leaves_nothing(place, command, expected):
@@ -191,3 +196,43 @@ def test_model_weights_are_as_readable_as_other_outputs(tmp_path):
     os.umask(umask)
     modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (tmp_path / "m").iterdir()}
     assert modes["model.safetensors"] == 0o666 & ~umask == modes["config.json"], modes
+
+
+@pytest.mark.parametrize(
+    "script, args",
+    [
+        *((name, ["OUT"]) for name in ("bitwise.sh", "deadline.sh", "determinism.sh", "locate.sh")),
+        ("decisive.sh", ["1", "OUT"]),
+        ("selection.sh", ["pilot", "OUT"]),
+        ("selection.sh", ["block", "1", "OUT", "2e-5", "30"]),
+        *((name, ["OUT", "TOK"]) for name in ("modes.sh", "length.sh", "startup.sh")),
+    ],
+)
+def test_a_gpu_script_where_there_is_no_gpu_is_one_line_before_any_work(tmp_path, script, args):
+    """Before a download, a conversion or a Ray cluster: ``nvidia-smi`` is a stand-in that lists no GPU, as the real
+    one answers on a machine without (the test passes on a GPU machine too), and the Python one that logs its calls."""
+    tok, out = tmp_path / "tok", tmp_path / "new" / "out"
+    tok.mkdir()
+    (tok / "tokenizer_config.json").write_text("{}")
+    args = [str(out) if a == "OUT" else str(tok) if a == "TOK" else a for a in args]
+    done, calls = standins.run_gpu_script(tmp_path, script, standins.LOGGING_SH, *args, gpu=False)
+    said = f"error: {script} needs an NVIDIA GPU, and nvidia-smi -L lists none here: run it on a GPU node\n"
+    assert (done.returncode, done.stderr, calls) == (2, said, []) and not out.parent.exists()
+
+
+def test_a_python_without_the_recipe_is_named_with_the_fix(tmp_path):
+    """``PYTHON`` set to an interpreter without the recipe (a fresh virtual environment of this Python's base), or to
+    no interpreter at all: the launchers say so in one line, before Python's own traceback."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "bare")], check=True, timeout=120)
+    work = tmp_path / "work"
+    work.mkdir()
+    launches = (("train.sh", ["stapo", "qwen3_1.7b"]), ("quickstart.sh", ["qs"]), ("quickstart.sh", ["-h"]))
+    for python in (tmp_path / "bare" / "bin" / "python", tmp_path / "none"):
+        for script, args in launches:
+            env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+            done = subprocess.run(["bash", str(ROOT / "scripts" / script), *args], capture_output=True, text=True,
+                                  cwd=work, env={**env, "PYTHON": str(python)}, timeout=60)  # fmt: skip
+            said = (f"error: PYTHON={python}: no Python with the recipe (stapo, verl, torch); activate the environment "
+                    "of pip install -e . or set PYTHON to its python\n")  # fmt: skip
+            assert (done.returncode, done.stdout, done.stderr) == (2, "", said), (script, args)
+    assert list(work.iterdir()) == []

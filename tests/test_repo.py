@@ -53,6 +53,10 @@ def test_ray_job_stops_with_one_line_before_contacting_a_cluster():
     assert out.returncode == 2 and out.stderr.strip().splitlines() == [
         "error: RAY_ADDRESS is not set: set RAY_ADDRESS=http://HEAD:8265, the dashboard address of the Ray cluster"
     ]
+    for method, size, said in (("stapoo", "qwen3_8b", "method 'stapoo'"), ("stapo", "qwen3_4b", "size 'qwen3_4b'")):
+        out = subprocess.run(["bash", script, method, size], capture_output=True, text=True, env=env)
+        assert out.returncode == 2 and out.stderr.count("\n") == 1 and out.stderr.startswith(f"error: unknown {said}")
+        assert ("stapo, " if method != "stapo" else "qwen3_8b, ") in out.stderr
 
 
 def test_check_launchers_explains_itself_and_asks_before_changing_the_system(tmp_path):
