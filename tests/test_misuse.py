@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import importlib
 import pkgutil
 import shutil
@@ -178,6 +179,7 @@ ENTRIES = {
     "stapo.checks.replay run": Entry(
         ("run", "--model", M, "--data", T, "--out", "{W}/replay"),
         work=("stapo.checks.replay:run",),
+        gpus=1,
         kinds={"overrides": "text"},
     ),
     "stapo.checks.replay halt": Entry(
@@ -508,6 +510,25 @@ def test_a_tool_that_generates_with_vllm_says_so_in_one_line_where_it_is_missing
     errors = [line for line in printed.splitlines() if "error:" in line]
     assert outcome.startswith("exit") and outcome != "exit 0" and "Traceback" not in printed, printed[-2000:]
     assert len(errors) == 1 and "needs vLLM, which is not installed" in errors[0] and "pip install" in errors[0]
+    assert tree(tmp_path) == before
+
+
+GPU_TOOLS = [c for c in ENTRIES if ENTRIES[c].gpus] + ["stapo.checks.scale model --device cuda"]
+
+
+@pytest.mark.parametrize("command", GPU_TOOLS)
+def test_a_gpu_tool_where_no_gpu_is_visible_says_so_in_one_line(command, assets, tmp_path, monkeypatch, capsys):
+    """A valid command line of a tool that runs on GPUs, on a machine without one (the device count's stand-in is
+    0): one line that says so, before the work and with nothing written."""
+    extra = ["--device", "cuda"] if command.endswith("--device cuda") else []
+    command = command.removesuffix(" --device cuda")
+    monkeypatch.setitem(ENTRIES, command, dataclasses.replace(ENTRIES[command], gpus=0))
+    argv = [a.replace("{A}", str(assets)).replace("{W}", str(tmp_path)) for a in [*ENTRIES[command].argv, *extra]]
+    before = tree(tmp_path)
+    outcome, printed = run_case(command, argv, monkeypatch, capsys, tmp_path)
+    errors = [line for line in printed.splitlines() if "error:" in line]
+    assert outcome.startswith("exit") and outcome != "exit 0" and "Traceback" not in printed, printed[-2000:]
+    assert len(errors) == 1 and "GPU" in errors[0], printed[-2000:]
     assert tree(tmp_path) == before
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import standins
+import torch
 from hydra import compose, initialize_config_dir
 
 from stapo.checks import replay
@@ -38,6 +39,7 @@ def test_record_replay_halt_and_resume_compare_to_the_bit(tmp_path, task, monkey
     run's twin and its halted twin are compared and reported (the stand-in computes alike: no step where they part)."""
     monkeypatch.setattr(clusters, "HANDOVER_S", 1.0)
     monkeypatch.setattr(replay, "TRAINER", [sys.executable, str(standins.HERE), "train"])
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)  # stubbed: no GPU here (the trainer is a stand-in)
     monkeypatch.setenv("STANDIN_STEP_S", "1")  # the halt and the signal must see a step before the run ends
     # the deadline run's deadline: 60 s from its launch, after its start-up (which takes 10-40 s here, the longer on a
     # loaded machine: a deadline already past is refused) and closer than a step and the 60 s guessed save after its
@@ -84,6 +86,7 @@ def test_a_twin_that_fails_is_reported_and_costs_nothing_else(tmp_path, task, mo
     the record, replay and verdicts as they would be, and says where its log is."""
     monkeypatch.setattr(clusters, "HANDOVER_S", 1.0)
     monkeypatch.setattr(replay, "TRAINER", [sys.executable, str(standins.HERE), "train"])
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)  # stubbed: no GPU here (the trainer is a stand-in)
     monkeypatch.setattr(replay, "TWIN", replay.Leg("twin", "twin", "stapo.no_such_key", tape_dir="tape-twin"))
     halted = dataclasses.replace(replay.twin_halt(1), tape="stapo.no_such_key")  # the halted twin fails too
     monkeypatch.setattr(replay, "twin_halt", lambda at: halted)
@@ -221,7 +224,7 @@ def test_the_gpu_script_probes_every_setting_beside_the_replay(tmp_path):
     assert refused.returncode == 2 and "unknown option" in refused.stderr
 
 
-def test_the_deadline_script_runs_the_signal_and_deadline_legs(tmp_path):
+def test_the_deadline_script_runs_the_signal_and_deadline_legs(tmp_path, monkeypatch):
     """scripts/gpu/deadline.sh as printed, from a folder that does not exist yet, with the same stand-in Python: the
     model converted from --src, the task, and the replay check with a SIGUSR1 leg after step 2 and a deadline leg 60
     s after its launch (no halted legs), arguments its real parser accepts and a config that passes the trainer's
@@ -241,6 +244,7 @@ def test_the_deadline_script_runs_the_signal_and_deadline_legs(tmp_path):
     args = replay.build_parser().parse_args(shlex.split(lines[2])[2:-1])
     assert (args.halt, args.signal, args.deadline, args.steps, args.twin) == ([], [2], 60, 6, True)
     assert args.out == out / "replay"
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)  # stubbed: no GPU here
     assert replay.check(args) is None  # the options, every leg's config, the new output folder
     usage = standins.run_gpu_script(tmp_path, "deadline.sh", "", "--help")[0]
     assert usage.returncode == 0 and "outlives its job" in usage.stdout
@@ -280,7 +284,7 @@ BITWISE_RECORDS = ("seeded", "greedy", "alone-vllm", "alone-recipe")
 LOCATE_RECORDS = ("fa3-many", "fa3-many-vllm", "probe-fa3", "probe-fa3-vllm", "probe-triton")
 
 
-def test_the_bitwise_script_probes_beside_the_twins_then_times_each_norm_alone(tmp_path):
+def test_the_bitwise_script_probes_beside_the_twins_then_times_each_norm_alone(tmp_path, monkeypatch):
     """scripts/gpu/bitwise.sh as printed, from a folder that does not exist yet, with the same stand-in Python: the
     model converted from --src, the task, locate.sh's five engines, the seeded and greedy probes with the recipe's norm
     and the replay check with its two twins (one halted after step 3) and no halted replayed legs, then, once all of
@@ -331,6 +335,7 @@ def test_the_bitwise_script_probes_beside_the_twins_then_times_each_norm_alone(t
     assert (args.halt, args.signal, args.deadline, args.steps, args.twin, args.twin_halt) == ([], [], 0, 6, True, 3)
     (out / "replay" / "replay.json").unlink()  # the stand-in's record: the real check wants a new folder
     (out / "replay").rmdir()
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)  # stubbed: no GPU here
     assert args.out == out / "replay" and replay.check(args) is None
     tables = [line.split()[3:-1] for line in lines if line.split()[1:3] == ["stapo.checks.batch_invariance", "table"]]
     [table] = [t for t in tables if f"{out}/bitwise/" in t[0]]  # and locate.sh's of its own probes

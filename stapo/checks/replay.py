@@ -278,8 +278,18 @@ def check(args: argparse.Namespace) -> str | None:
         override_problem(args.overrides)
         or config_problem(args)
         or new_folder_problem(args.out)
+        or gpu_problem()
         or hold_folder(args.out)
     )
+
+
+def gpu_problem() -> str | None:
+    """Why the runs cannot train here: no CUDA GPU visible."""
+    import torch
+
+    if torch.cuda.device_count() == 0:
+        return "run trains on a CUDA GPU, and none is visible here (torch.cuda.device_count() is 0): use a GPU node"
+    return None
 
 
 def watch(command: Sequence[str], metrics: Path, times: Path, signal_at: int = 0, stops: bool = False) -> int:

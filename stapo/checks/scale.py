@@ -85,6 +85,8 @@ def main(argv: list[str] | None = None) -> None:
             problems.append(f"--tokenizer {args.tokenizer}: no tokenizer_config.json in it; pass a tokenizer folder")
         if args.device not in (None, "cpu", "cuda"):
             problems.append(f"--device {args.device}: cpu or cuda")
+        elif args.device == "cuda" and not __import__("torch").cuda.is_available():
+            problems.append("--device cuda: no CUDA GPU is visible here; leave --device out to build on the CPU")
         problems += [p for p in [output_problem(args.out, "folder")] if p]
         if problems:
             parser.exit(2, "".join(f"error: {p}\n" for p in problems))
