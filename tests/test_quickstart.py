@@ -406,3 +406,22 @@ def test_ctrl_c_ends_the_quickstart_with_one_line_and_nothing_half_written(tmp_p
     wrong = subprocess.run([sys.executable, "-m", "stapo.quickstart", "cpu", "--out", str(tmp_path / "o"), "--lr", "0"],
                            env=env, capture_output=True, text=True)  # fmt: skip
     assert wrong.returncode != 0 and wrong.stdout == "" and wrong.stderr.strip() == "error: --lr=0.0: must be positive"
+
+
+def test_the_tokens_picture_draws_control_characters_as_dots(tmp_path):
+    """A byte-level token such as ``\\x1e`` has no glyph in any font: matplotlib warned on every CPU quickstart
+    ("Glyph 30 missing"). The picture shows it as ``·``; the tokens and the mask are the real code's (no model)."""
+    import warnings
+
+    from stapo.tools.curves import plot_s2t
+    from stapo.tools.inspect_tokens import TokenStats, mask_batch
+
+    texts = [["A", "\x1e", "\tb", "\n"], ["c", "d", "e", "f"]]
+    stats = [TokenStats(ids=list(range(4)), log_probs=torch.log(torch.tensor([0.9, 1e-3, 1e-3, 0.5])),
+                        entropy=torch.tensor([0.1, 0.2, 0.9, 0.3]), top_ids=None, top_probs=None)] * 2  # fmt: skip
+    batch = mask_batch(stats, torch.tensor([1.0, -1.0]), tau_p=0.002, q=0.75)
+    assert int(batch.silenced.sum()) == 1  # ⌈0.75 · (2 − 1)⌉ of the two candidates
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a missing glyph is a UserWarning
+        written = plot_s2t(batch, texts, ["one", "two"], tmp_path)
+    assert [p.name for p in written] == ["s2t_scatter.png", "s2t_tokens.png"]

@@ -332,7 +332,7 @@ def plot_s2t(batch, tokens: Sequence[Sequence[str]], names: Sequence[str], out_d
         lines.append([(f"{names[row]}   Â = {float(batch.advantages[row]):+.2f}", "header")])
         line, used = [], 0
         for position, text in enumerate(tokens[row]):
-            text = text.replace("\n", "↵")
+            text = "".join(c if c.isprintable() else "·" for c in text.replace("\n", "↵"))  # no font draws \x1e
             if used + len(text) > columns and line:
                 lines.append(line)
                 line, used = [], 0
