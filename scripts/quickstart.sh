@@ -6,9 +6,9 @@
 # PYTHON selects the interpreter (default: python3). docs/quickstart.md describes the outputs.
 set -euo pipefail
 python=${PYTHON:-python3}
-"$python" -c 'import importlib.util as u, sys; sys.exit(any(not u.find_spec(m) for m in ("stapo", "verl", "torch")))' \
-  2> /dev/null || { echo "error: PYTHON=$python: no Python with the recipe (stapo, verl, torch); activate the environment" \
-  "of pip install -e . or set PYTHON to its python" >&2; exit 2; }
+recipe='import importlib.util as u, sys; sys.exit(any(not u.find_spec(m) for m in ("stapo", "verl", "torch")))'
+"$python" -c "$recipe" 2> /dev/null || { echo "error: PYTHON=$python: no Python with the recipe (stapo, verl, torch);" \
+  "activate the environment of pip install -e . or set PYTHON to its python" >&2; exit 2; }
 case "${1-}" in
   -h | --help)
     sed -n '2,6s/^# \{0,1\}//p' "$0"

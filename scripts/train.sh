@@ -7,9 +7,9 @@
 # Example: bash scripts/train.sh stapo qwen3_8b trainer.nnodes=1 stapo.tau_p=0.001
 set -euo pipefail
 python=${PYTHON:-python3}
-"$python" -c 'import importlib.util as u, sys; sys.exit(any(not u.find_spec(m) for m in ("stapo", "verl", "torch")))' \
-  2> /dev/null || { echo "error: PYTHON=$python: no Python with the recipe (stapo, verl, torch); activate the environment" \
-  "of pip install -e . or set PYTHON to its python" >&2; exit 2; }
+recipe='import importlib.util as u, sys; sys.exit(any(not u.find_spec(m) for m in ("stapo", "verl", "torch")))'
+"$python" -c "$recipe" 2> /dev/null || { echo "error: PYTHON=$python: no Python with the recipe (stapo, verl, torch);" \
+  "activate the environment of pip install -e . or set PYTHON to its python" >&2; exit 2; }
 if [ $# -ge 1 ] && { [ "$1" = -h ] || [ "$1" = --help ]; }; then
   exec "$python" -m stapo.train --help
 fi

@@ -373,17 +373,20 @@ def test_atomic_writes_and_appends_follow_the_umask(tmp_path):
 
 
 def test_a_benchmarks_file_is_refused_as_training_data(tmp_path, capsys):
-    """A benchmark's own problems in the training set would inflate every table: a file named after a benchmark, or
-    under a folder that is, given to ``train --local`` (alone or in a folder) is one line, and nothing is written."""
+    """A benchmark's own problems in the training set would inflate every table: a file whose name, or a folder's up
+    to the one given, begins with a benchmark's (alone or in a folder) is one line to ``train --local``, and nothing is
+    written; a name that only contains one (NuminaMath's ``olympiads``, a copy without AIME 24) is not refused."""
     sample = (FIXTURES / "dapo_processed_sample.jsonl").read_text()
-    (tmp_path / "aime24.jsonl").write_text(sample)
-    (tmp_path / "mixed" / "MATH-500").mkdir(parents=True)
-    (tmp_path / "mixed" / "dapo.jsonl").write_text(sample)
-    (tmp_path / "mixed" / "MATH-500" / "test.jsonl").write_text(sample)
-    for local, bench in ((tmp_path / "aime24.jsonl", "aime24"), (tmp_path / "mixed", "math500")):
+    for name in ("aime24.jsonl", "MATH-500/test.jsonl", "x/MATH-500/sub/test.jsonl", "numina_olympiads.jsonl",
+                 "dapo_no_aime24.jsonl"):  # fmt: skip
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(sample)
+    refused = {"aime24.jsonl": "aime24", "MATH-500/test.jsonl": "math500", "MATH-500": "math500", "x": "math500"}
+    for local, bench in refused.items():
         with pytest.raises(SystemExit) as stop:
-            data.main(["train", "--local", str(local), "--out", str(tmp_path / "out")])
+            data.main(["train", "--local", str(tmp_path / local), "--out", str(tmp_path / "out")])
         said = capsys.readouterr().err
-        assert stop.value.code == 2 and said.count("\n") == 1 and f"a file of the benchmark {bench}," in said
+        assert stop.value.code == 2 and said.count("\n") == 1 and f"a file of the benchmark {bench}, " in said, local
     assert not (tmp_path / "out").exists()
-    prepare_train(tmp_path / "mixed" / "dapo.jsonl", tmp_path / "out")  # the folder's name is not the file's
+    for name in ("numina_olympiads.jsonl", "dapo_no_aime24.jsonl"):
+        assert prepare_train(tmp_path / name, tmp_path / "out", partial=True).rows == 3

@@ -14,6 +14,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -128,7 +129,7 @@ def test_kill_tree_reaches_a_training_in_a_session_of_its_own(tmp_path):
     while not pids.exists() and time.monotonic() < deadline:
         time.sleep(0.1)
     wrapper, trainer = map(int, pids.read_text().split())
-    assert clusters.tree(run.pid) == [run.pid, trainer] and alive(trainer)
+    assert wrapper == run.pid and clusters.tree(run.pid) == [run.pid, trainer] and alive(trainer)
     clusters.kill_tree(run)
     assert run.returncode == -9
     deadline = time.monotonic() + 10  # the init process reaps the orphaned training
@@ -146,21 +147,26 @@ def test_a_stopped_launch_stops_what_its_runs_started(tmp_path, monkeypatch, for
     previous = signal.signal(signal.SIGALRM, lambda *_: sys.exit(143))
     monkeypatch.setattr(clusters, "POLL_S", 0.5)
 
-    def command(run):
-        signal.alarm(5)  # once the run's cluster is up
-        return [sys.executable, "-c", TRAINING_OF_ITS_OWN, str(pids)]
+    def stop_once_started():  # the signal reaches the main thread, in launch
+        deadline = time.monotonic() + 120
+        while not pids.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        os.kill(os.getpid(), signal.SIGALRM)
 
+    command = [sys.executable, "-c", TRAINING_OF_ITS_OWN, str(pids)]
+    threading.Thread(target=stop_once_started, daemon=True).start()
     try:
         with pytest.raises(SystemExit):
-            clusters.launch([ex.Run("stapo", 0)], command, ["0"], tmp_path, stall_s=600)
+            clusters.launch([ex.Run("stapo", 0)], lambda run: command, ["0"], tmp_path, stall_s=600)
     finally:
-        signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
     trainer = int(pids.read_text().split()[1])
     deadline = time.monotonic() + 10
     while alive(trainer) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not alive(trainer), "the run's training outlived the launcher"
+    if left := alive(trainer):
+        os.kill(trainer, signal.SIGKILL)  # not to outlive the test
+    assert not left, "the run's training outlived the launcher"
     foreign_ray_ignored("a run's Ray cluster was left running")
 
 

@@ -161,7 +161,7 @@ def test_resume_problems(files, tmp_path, monkeypatch):
     fake_checkpoint(ckpt / "global_step_4", missing=("optim_world_size_1_rank_0.pt",))
     tracker.write_text("4")
     (line,) = check()
-    assert line.startswith(f"checkpoint {ckpt / 'global_step_4'} is incomplete for 1 GPUs: 1 file(s) missing or empty")
+    assert line.startswith(f"checkpoint {ckpt / 'global_step_4'} is incomplete for 1 GPU: 1 file(s) missing or empty")
     assert check("actor_rollout_ref.actor.checkpoint.save_contents=[model]") == []  # only what the run saves
     data = ckpt / "global_step_2" / "data.pt"
     tracker.write_text("2")

@@ -422,6 +422,6 @@ def test_the_tokens_picture_draws_control_characters_as_dots(tmp_path):
     batch = mask_batch(stats, torch.tensor([1.0, -1.0]), tau_p=0.002, q=0.75)
     assert int(batch.silenced.sum()) == 1  # ⌈0.75 · (2 − 1)⌉ of the two candidates
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # a missing glyph is a UserWarning
+        warnings.filterwarnings("error", message="Glyph")  # a missing glyph is a UserWarning
         written = plot_s2t(batch, texts, ["one", "two"], tmp_path)
     assert [p.name for p in written] == ["s2t_scatter.png", "s2t_tokens.png"]

@@ -4,6 +4,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,6 +35,7 @@ def test_launchers_parse_and_reject_bad_arguments():
         ["bash", str(ROOT / "scripts" / "train.sh"), "stapo", "qwen3_8b", "determinism=ful"],
         capture_output=True,
         text=True,
+        env={**os.environ, "PYTHON": sys.executable},
     )
     assert (out.returncode, out.stderr) == (2, "error: unknown determinism 'ful'; choose one of: full, none\n")
     out = subprocess.run(["bash", str(ROOT / "scripts" / "train.sh")], capture_output=True, text=True)

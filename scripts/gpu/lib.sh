@@ -7,8 +7,11 @@ take_src() {  # [--src FILE]: sets src=(--src FILE), or src=() without it; anyth
   src=(--src "$2")
 }
 needs_gpu() {  # one line and status 2 where nvidia-smi lists no GPU: before any download, conversion or Ray cluster
-  nvidia-smi -L 2> /dev/null | grep -q '^GPU' \
-    || { echo "error: ${0##*/} needs an NVIDIA GPU, and nvidia-smi -L lists none here: run it on a GPU node" >&2; exit 2; }
+  # (grep reads all of it: grep -q would stop at the first GPU, and nvidia-smi writing on would die of SIGPIPE)
+  nvidia-smi -L 2> /dev/null | grep '^GPU' > /dev/null || {
+    echo "error: ${0##*/} needs an NVIDIA GPU, and nvidia-smi -L lists none here: run it on a GPU node" >&2
+    exit 2
+  }
 }
 out_and_model() {  # "$@" of a script run as `SCRIPT OUT [--src FILE]`: --help (the script's usage), the argument
   # count, then out=OUT, PY, and SmolLM2-135M converted into model=OUT/smollm2/raw

@@ -288,7 +288,7 @@ def gpu_problem() -> str | None:
     import torch
 
     if torch.cuda.device_count() == 0:
-        return "run trains on a CUDA GPU, and none is visible here (torch.cuda.device_count() is 0): use a GPU node"
+        return "replay run trains on a CUDA GPU, and none is visible (torch.cuda.device_count() is 0): use a GPU node"
     return None
 
 

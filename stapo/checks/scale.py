@@ -77,6 +77,8 @@ def main(argv: list[str] | None = None) -> None:
     table.add_argument("metrics", type=Path, nargs="+", help="verl file-logger JSONL (VERL_FILE_LOGGER_PATH)")
     args = parser.parse_args(argv)
     if args.what == "model":
+        import torch
+
         from stapo.config import QWEN3_SHAPES
         from stapo.tools.io import output_problem
 
@@ -85,7 +87,7 @@ def main(argv: list[str] | None = None) -> None:
             problems.append(f"--tokenizer {args.tokenizer}: no tokenizer_config.json in it; pass a tokenizer folder")
         if args.device not in (None, "cpu", "cuda"):
             problems.append(f"--device {args.device}: cpu or cuda")
-        elif args.device == "cuda" and not __import__("torch").cuda.is_available():
+        elif args.device == "cuda" and not torch.cuda.is_available():
             problems.append("--device cuda: no CUDA GPU is visible here; leave --device out to build on the CPU")
         problems += [p for p in [output_problem(args.out, "folder")] if p]
         if problems:

@@ -36,7 +36,7 @@ import torch
 
 from stapo.config import StapoConfig, StapoConfigError
 from stapo.quickstart import task
-from stapo.quickstart.tiny import replace_overrides, tiny_run_overrides
+from stapo.quickstart.tiny import attention_heads, replace_overrides, tiny_run_overrides
 from stapo.tools.curves import ReportError, plot_s2t, read_metrics
 from stapo.tools.data import make_prompt, write_parquet
 from stapo.tools.inspect_tokens import Rollout, format_token, grpo_advantages, mask_batch, silenced_records, token_stats
@@ -365,7 +365,7 @@ def check_model_args(args: argparse.Namespace) -> None:
     for name in positive:
         if getattr(args, name) < 1:
             raise SystemExit(f"error: --{name.replace('_', '-')}={getattr(args, name)}: must be a positive integer")
-    if (head := args.hidden_size // max(args.hidden_size // 64, 1)) % 2:  # the heads of tiny.build_model
+    if (head := attention_heads(args.hidden_size)[1]) % 2:
         raise SystemExit(
             f"error: --hidden-size={args.hidden_size}: gives attention heads of {head} dimensions, and rotary "
             "embeddings need an even number; take a multiple of 64 (default 256)"

@@ -50,6 +50,12 @@ def build_tokenizer(texts: Iterable[str], out_dir: str | Path, vocab_size: int =
     return hf
 
 
+def attention_heads(hidden_size: int) -> tuple[int, int]:
+    """A tiny model's attention heads and their dimension: one head per 64 of ``hidden_size`` (at least one)."""
+    heads = max(hidden_size // 64, 1)
+    return heads, hidden_size // heads
+
+
 def build_model(
     tokenizer, out_dir: str | Path, hidden_size: int = 256, num_layers: int = 2, seed: int = 0, device=None, **shape
 ):
@@ -62,7 +68,7 @@ def build_model(
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    heads = max(hidden_size // 64, 1)
+    heads, head_dim = attention_heads(hidden_size)
     fields = dict(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
@@ -70,7 +76,7 @@ def build_model(
         num_hidden_layers=num_layers,
         num_attention_heads=heads,
         num_key_value_heads=heads,
-        head_dim=hidden_size // heads,
+        head_dim=head_dim,
         tie_word_embeddings=True,
     )
     config = Qwen3Config(

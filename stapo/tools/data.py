@@ -304,8 +304,9 @@ def write_parquet(rows: list[dict], path: Path) -> None:
     write_atomic(path, buffer.getvalue().to_pybytes())
 
 
-def benchmark_from_path(path: Path, root: Path | None = None) -> str | None:
-    """The benchmark a file belongs to, from its name or a folder name up to ``root``.
+def benchmark_from_path(path: Path, root: Path | None = None, prefix: bool = False) -> str | None:
+    """The benchmark a file belongs to, from its name or a folder name up to ``root``: a name that contains one of the
+    benchmark's aliases, or with ``prefix`` begins with one.
 
     ``aime24.jsonl``, ``MATH-500/test.parquet``, ``minerva_math.jsonl`` and ``Olympiad-Bench/test.parquet``
     are all recognised; None if no name (or more than one benchmark) matches.
@@ -317,7 +318,8 @@ def benchmark_from_path(path: Path, root: Path | None = None) -> str | None:
             break
     for name in names:
         key = re.sub(r"[^a-z0-9]", "", name.lower())
-        matches = {bench for bench, aliases in _ALIASES.items() if any(alias in key for alias in aliases)}
+        found = (lambda alias: key.startswith(alias)) if prefix else (lambda alias: alias in key)
+        matches = {bench for bench, aliases in _ALIASES.items() if any(map(found, aliases))}
         if len(matches) == 1:
             return matches.pop()
     return None
@@ -514,10 +516,10 @@ def prepare_train(local: Path | None, out_dir: Path, skip_invalid: bool = False,
     else:
         files, local = _input_files(Path(local)), Path(local)
         for f in files:  # the benchmarks' own problems would leak into training and inflate the tables
-            if bench := benchmark_from_path(f.relative_to(local) if local.is_dir() else Path(f.name)):
+            if bench := benchmark_from_path(f, local if local.is_dir() else f.parent, prefix=True):
                 raise SourceError(
-                    f"--local {f}: a file of the benchmark {bench}, which the evaluation scores; train on a copy of "
-                    f"DAPO-Math-17k (python -m stapo.tools.data eval writes the benchmarks)"
+                    f"--local {f}: a file of the benchmark {bench}, which the evaluation scores (by its name or its "
+                    "folder's); train on a copy of DAPO-Math-17k, or rename it if it holds no benchmark's problems"
                 )
         sources = [(str(f), read_records(f)) for f in files]
     report = Report("train", Path(out_dir) / TRAIN_FILENAME, [label for label, _ in sources])

@@ -322,16 +322,24 @@ def launch(runs: Sequence, command: Callable[..., list[str]], gpus: Sequence[str
 def kill_tree(process: subprocess.Popen) -> None:
     """SIGKILL a run and every process below it, whatever process group or session each is in (a watcher's trainer,
     the training of ``stapo.checks.replay halt`` in a group of its own), then reap the run. Each process found is
-    stopped first (SIGSTOP) and the tree read again, so that none starts another that the kill would miss."""
+    stopped first (SIGSTOP) and the tree read again, so that none starts another that the kill would miss; SIGINT and
+    SIGTERM wait meanwhile, so that no process is left stopped. A run already reaped is left alone (its pid may be
+    another process's by now), and so are processes that left the tree before (an orphan belongs to init)."""
+    if process.returncode is not None:
+        return
     found: set[int] = set()
-    while new := set(tree(process.pid)) - found:
-        for pid in new:
-            with suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGSTOP)
-        found |= new
-    for pid in found:
-        with suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        while new := set(tree(process.pid)) - found:
+            for pid in new:
+                with suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGSTOP)
+            found |= new
+    finally:
+        for pid in found:
+            with suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
     process.wait()
 
 

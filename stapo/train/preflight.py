@@ -645,9 +645,9 @@ def resume_problems(config: DictConfig) -> list[str]:
         changed = saved and f"model_world_size_{world}" not in saved
         hint = f" (it was saved as {', '.join(saved)}: the GPU count changed)" if changed else ""
         return [
-            f"checkpoint {folder} is incomplete for {world} GPUs: {len(missing)} file(s) missing or empty, e.g. "
-            f"{missing[0].relative_to(folder)}{hint}; resume from an earlier global_step_N (write its N into the "
-            f"tracker) or set trainer.resume_mode=disable"
+            f"checkpoint {folder} is incomplete for {world} GPU{'s' * (world != 1)}: {len(missing)} file(s) missing "
+            f"or empty, e.g. {missing[0].relative_to(folder)}{hint}; resume from an earlier global_step_N (write its N "
+            "into the tracker) or set trainer.resume_mode=disable"
         ]
     return dataloader_state_problems(folder / "data.pt", config.data.get("dataloader_num_workers", 0))
 
