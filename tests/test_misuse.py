@@ -513,15 +513,14 @@ def test_a_tool_that_generates_with_vllm_says_so_in_one_line_where_it_is_missing
     assert tree(tmp_path) == before
 
 
-GPU_TOOLS = [c for c in ENTRIES if ENTRIES[c].gpus] + ["stapo.checks.scale model --device cuda"]
+GPU_TOOLS = [(c, []) for c in ENTRIES if ENTRIES[c].gpus] + [("stapo.checks.scale model", ["--device", "cuda"])]
+"""The table's GPU tools, and a command line that asks for a GPU: (command, options added to its valid line)."""
 
 
-@pytest.mark.parametrize("command", GPU_TOOLS)
-def test_a_gpu_tool_where_no_gpu_is_visible_says_so_in_one_line(command, assets, tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("command, extra", GPU_TOOLS)
+def test_a_gpu_tool_where_no_gpu_is_visible_says_so_in_one_line(command, extra, assets, tmp_path, monkeypatch, capsys):
     """A valid command line of a tool that runs on GPUs, on a machine without one (the device count's stand-in is
     0): one line that says so, before the work and with nothing written."""
-    extra = ["--device", "cuda"] if command.endswith("--device cuda") else []
-    command = command.removesuffix(" --device cuda")
     monkeypatch.setitem(ENTRIES, command, dataclasses.replace(ENTRIES[command], gpus=0))
     argv = [a.replace("{A}", str(assets)).replace("{W}", str(tmp_path)) for a in [*ENTRIES[command].argv, *extra]]
     before = tree(tmp_path)

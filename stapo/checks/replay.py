@@ -285,9 +285,9 @@ def check(args: argparse.Namespace) -> str | None:
 
 def gpu_problem() -> str | None:
     """Why the runs cannot train here: no CUDA GPU visible."""
-    import torch
+    from stapo.train.preflight import local_gpus
 
-    if torch.cuda.device_count() == 0:
+    if local_gpus() == 0:
         return "replay run trains on a CUDA GPU, and none is visible (torch.cuda.device_count() is 0): use a GPU node"
     return None
 

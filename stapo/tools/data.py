@@ -318,8 +318,8 @@ def benchmark_from_path(path: Path, root: Path | None = None, prefix: bool = Fal
             break
     for name in names:
         key = re.sub(r"[^a-z0-9]", "", name.lower())
-        found = (lambda alias: key.startswith(alias)) if prefix else (lambda alias: alias in key)
-        matches = {bench for bench, aliases in _ALIASES.items() if any(map(found, aliases))}
+        matches = {bench for bench, aliases in _ALIASES.items()
+                   if any(key.startswith(alias) if prefix else alias in key for alias in aliases)}  # fmt: skip
         if len(matches) == 1:
             return matches.pop()
     return None
